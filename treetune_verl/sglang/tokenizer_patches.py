@@ -1,0 +1,97 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""Patches on sglang 0.5.6.post2's ``TokenizerManager``, in the process that owns the Engine (the parent).
+
+``convert_logprob_style`` runs for every output chunk of a request with ``return_logprob=True``: the wrapper
+extends a per-request list kept on sglang's own ``ReqState`` (so it is freed with the request) with the chunk's
+``output_token_entropy_val``. ``add_logprob_to_meta_info`` (also called directly for aborts) then copies that list
+to ``meta_info["output_token_entropy"]``, one value per entry of ``meta_info["output_token_logprobs"]``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+from treetune_verl.sglang.patching import check_sglang_version, check_signature, replace_attr
+
+logger = logging.getLogger(__name__)
+
+META_KEY = "output_token_entropy"
+STATE_ATTR = "treetune_output_token_entropy"  # list[float] on sglang's ReqState
+
+_CONVERT_PARAMS = (
+    "self",
+    "meta_info",
+    "state",
+    "top_logprobs_num",
+    "token_ids_logprob",
+    "return_text_in_logprobs",
+    "recv_obj",
+    "recv_obj_index",
+)
+_ADD_TO_META_PARAMS = ("self", "meta_info", "state", "top_logprobs_num", "token_ids_logprob", "return_text_in_logprobs")
+
+_warned_unpatched_scheduler = False
+
+
+def _state_entropy(state) -> list[float]:
+    values = getattr(state, STATE_ATTR, None)
+    if values is None:
+        values = []
+        setattr(state, STATE_ATTR, values)
+    return values
+
+
+def _wrap_convert(original):
+    @functools.wraps(original)
+    def convert_logprob_style(
+        self, meta_info, state, top_logprobs_num, token_ids_logprob, return_text_in_logprobs, recv_obj, recv_obj_index
+    ):
+        global _warned_unpatched_scheduler
+        if recv_obj.input_token_logprobs_val is not None:  # sglang returns early otherwise; so do we
+            chunk = recv_obj.output_token_entropy_val
+            if chunk is not None:
+                _state_entropy(state).extend(chunk[recv_obj_index])
+            elif not _warned_unpatched_scheduler:
+                _warned_unpatched_scheduler = True
+                logger.error(
+                    "treetune entropy: the TokenizerManager is patched but outputs carry no entropy: the scheduler "
+                    "process was started without custom_run_scheduler_process (see treetune_verl.sglang.engine)."
+                )
+        return original(
+            self,
+            meta_info,
+            state,
+            top_logprobs_num,
+            token_ids_logprob,
+            return_text_in_logprobs,
+            recv_obj,
+            recv_obj_index,
+        )
+
+    return convert_logprob_style
+
+
+def _wrap_add_to_meta(original):
+    @functools.wraps(original)
+    def add_logprob_to_meta_info(self, meta_info, state, top_logprobs_num, token_ids_logprob, return_text_in_logprobs):
+        original(self, meta_info, state, top_logprobs_num, token_ids_logprob, return_text_in_logprobs)
+        values = getattr(state, STATE_ATTR, None)
+        if values is not None:
+            meta_info[META_KEY] = list(values)  # a copy: the state's list keeps growing while streaming
+
+    return add_logprob_to_meta_info
+
+
+def apply_tokenizer_patches() -> None:
+    """Patch ``TokenizerManager`` (idempotent)."""
+    check_sglang_version()
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+    check_signature(TokenizerManager.convert_logprob_style, _CONVERT_PARAMS, "TokenizerManager.convert_logprob_style")
+    check_signature(
+        TokenizerManager.add_logprob_to_meta_info, _ADD_TO_META_PARAMS, "TokenizerManager.add_logprob_to_meta_info"
+    )
+    replace_attr(TokenizerManager, "convert_logprob_style", _wrap_convert)
+    replace_attr(TokenizerManager, "add_logprob_to_meta_info", _wrap_add_to_meta)
