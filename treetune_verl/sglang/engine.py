@@ -54,3 +54,36 @@ def is_installed() -> bool:
     from sglang.srt.entrypoints import engine as engine_mod
 
     return engine_mod.run_scheduler_process is custom_run_scheduler_process
+
+
+# Arguments under which a real sglang 0.5.6.post2 Engine runs on a CPU-only machine (torch-native attention,
+# pytorch sampling, no CUDA graphs, no grammar backend: xgrammar is not installed by the CPU setup).
+CPU_ENGINE_KWARGS: dict[str, object] = dict(
+    device="cpu",
+    attention_backend="torch_native",
+    sampling_backend="pytorch",
+    disable_cuda_graph=True,
+    grammar_backend="none",
+    dtype="float32",
+    # On CPU sglang sizes the KV pool from *currently available* RAM: rest = available_after_weights
+    # - available_before * (1 - fraction). A small fraction fails as soon as other processes take memory; the
+    # pool itself is capped by max_total_tokens, so a generous fraction costs nothing.
+    mem_fraction_static=0.3,
+    max_total_tokens=4096,
+    max_running_requests=8,
+    chunked_prefill_size=64,
+    skip_server_warmup=True,
+)
+
+
+def engine_kwargs(model_path: str, device: str = "auto", **overrides: object) -> dict[str, object]:
+    """Engine arguments for ``device`` ("auto": CUDA when available, else the CPU set above)."""
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    kwargs: dict[str, object] = {"model_path": str(model_path)}
+    if device == "cpu":
+        kwargs.update(CPU_ENGINE_KWARGS)
+    kwargs.update(overrides)
+    return kwargs

@@ -123,9 +123,15 @@ def _record(scheduler: Any, batch: Any, result: Any, rows: list[int]) -> None:
 
 def _prefill_rows(scheduler: Any, batch: Any) -> list[int]:
     # Mirrors process_batch_result_prefill: finished/retracted rows and unfinished chunks get no token.
+    # Prefill-only requests (max_new_tokens == 0, e.g. sglang's internal prefix request for n > 1) get a dummy
+    # token without sampling: they generate nothing, so they get no entropy.
     if not scheduler.is_generation:
         return []
-    return [i for i, req in enumerate(batch.reqs) if not (req.finished() or req.is_retracted) and req.is_chunked <= 0]
+    return [
+        i
+        for i, req in enumerate(batch.reqs)
+        if not (req.finished() or req.is_retracted) and req.is_chunked <= 0 and not req.is_prefill_only
+    ]
 
 
 def _decode_rows(scheduler: Any, batch: Any) -> list[int]:

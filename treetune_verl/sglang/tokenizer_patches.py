@@ -80,6 +80,8 @@ def _wrap_add_to_meta(original):
         values = getattr(state, STATE_ATTR, None)
         if values is not None:
             meta_info[META_KEY] = list(values)  # a copy: the state's list keeps growing while streaming
+        elif not meta_info["output_token_logprobs"]:
+            meta_info[META_KEY] = []  # no token yet (e.g. aborted while waiting): nothing to align
 
     return add_logprob_to_meta_info
 

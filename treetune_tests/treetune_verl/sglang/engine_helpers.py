@@ -16,37 +16,17 @@ import torch
 from treetune_verl.sglang.entropy import compute_entropy
 
 
-def cpu_engine_kwargs(model_path: Path | str, **overrides: Any) -> dict[str, Any]:
-    """sglang Engine arguments that run on a CPU-only machine (see agent-docs/testing-guide.md)."""
-    kwargs = dict(
-        model_path=str(model_path),
-        device="cpu",
-        attention_backend="torch_native",
-        sampling_backend="pytorch",
-        disable_cuda_graph=True,
-        grammar_backend="none",
-        dtype="float32",
-        mem_fraction_static=0.05,
-        max_total_tokens=4096,
-        max_running_requests=8,
-        chunked_prefill_size=64,
-        skip_server_warmup=True,
-        random_seed=0,
-        log_level="error",
-    )
-    kwargs.update(overrides)
-    return kwargs
-
-
 @contextlib.contextmanager
-def entropy_engine(model_path: Path | str, top_k: int = 0, mode: str = "raw", **overrides: Any) -> Iterator[Any]:
-    """A real ``sglang.Engine`` with entropy extraction installed; shut down on exit."""
+def entropy_engine(
+    model_path: Path | str, top_k: int = 0, mode: str = "raw", device: str = "cpu", **overrides: Any
+) -> Iterator[Any]:
+    """A real ``sglang.Engine`` with entropy extraction installed (seeded, quiet); shut down on exit."""
     import sglang
 
-    from treetune_verl.sglang.engine import install
+    from treetune_verl.sglang.engine import engine_kwargs, install
 
     install(top_k=top_k, mode=mode)
-    engine = sglang.Engine(**cpu_engine_kwargs(model_path, **overrides))
+    engine = sglang.Engine(**engine_kwargs(str(model_path), device, random_seed=0, log_level="error", **overrides))
     try:
         yield engine
     finally:

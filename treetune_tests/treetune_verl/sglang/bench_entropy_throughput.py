@@ -1,0 +1,121 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""Throughput of a patched sglang Engine (full-vocabulary and top-k entropy) against an unpatched one.
+
+    python treetune_tests/treetune_verl/sglang/bench_entropy_throughput.py            # SmolLM2, CPU or GPU
+    python treetune_tests/treetune_verl/sglang/bench_entropy_throughput.py --concurrency 16 --rounds 9
+
+Each variant's Engine lives in its own worker process (the unpatched one never sees a patch, not even the
+process-wide TokenizerManager one); all are started first, then measured in interleaved rounds (shuffled order
+each round) on the same prompts with ``return_logprob=True`` and ``ignore_eos`` so every round decodes the same
+number of tokens. Reports median output tokens/s per variant and the median of the per-round
+patched/unpatched ratios; writes JSON. Goal on CPU with SmolLM2 at >= 8 concurrent requests: ratio >= 0.97.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import random
+import statistics
+import time
+from pathlib import Path
+
+VARIANTS = {"unpatched": None, "full": 0, "top_k": 20}  # name -> entropy top-k (None = no patches)
+PROMPT = "Write a short story about a robot who learns to paint. Include {i} colours."
+
+
+def _worker(conn, model: str, top_k: int | None, device: str, args: dict) -> None:
+    """Own one Engine; answer 'run' with (output tokens, seconds) until 'stop'."""
+    import sglang
+
+    from treetune_verl.sglang.engine import engine_kwargs, install
+
+    if top_k is not None:
+        install(top_k=top_k, mode="raw")
+    engine = sglang.Engine(**engine_kwargs(model, device, random_seed=0, log_level="error"))
+    prompts = [PROMPT.format(i=i % 7 + 2) for i in range(args["concurrency"])]
+    params = {"max_new_tokens": args["max_new_tokens"], "temperature": 1.0, "ignore_eos": True}
+    conn.send("ready")
+    try:
+        while conn.recv() == "run":
+            start = time.perf_counter()
+            outs = engine.generate(prompt=prompts, sampling_params=params, return_logprob=True)
+            seconds = time.perf_counter() - start
+            tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
+            if top_k is not None:
+                assert all(
+                    len(o["meta_info"]["output_token_entropy"]) == o["meta_info"]["completion_tokens"] for o in outs
+                )
+            conn.send((tokens, seconds))
+    finally:
+        engine.shutdown()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=None, help="HF model folder (default: packaged SmolLM2-135M-Instruct)")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="outputs/bench/entropy_throughput.json")
+    args = parser.parse_args()
+
+    from treetune_verl.model_cache import smollm2_path
+
+    model = args.model or str(smollm2_path())
+    ctx = mp.get_context("spawn")
+    workers = {}
+    for name, top_k in VARIANTS.items():  # started one at a time: engine start-up is CPU-heavy
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_worker, args=(child, model, top_k, args.device, vars(args)), daemon=False)
+        proc.start()
+        assert parent.recv() == "ready"
+        workers[name] = (proc, parent)
+
+    def run(name: str) -> tuple[int, float]:
+        workers[name][1].send("run")
+        return workers[name][1].recv()
+
+    for name in VARIANTS:  # warm-up round, not measured
+        run(name)
+    rng = random.Random(args.seed)
+    rounds: list[dict[str, float]] = []
+    for r in range(args.rounds):
+        order = list(VARIANTS)
+        rng.shuffle(order)
+        tps = {}
+        for name in order:
+            tokens, seconds = run(name)
+            tps[name] = tokens / seconds
+        rounds.append(tps)
+        print(f"round {r}: " + "  ".join(f"{n}={tps[n]:.1f} tok/s" for n in VARIANTS), flush=True)
+    for proc, conn in workers.values():
+        conn.send("stop")
+        proc.join(timeout=60)
+
+    median_tps = {n: statistics.median(r[n] for r in rounds) for n in VARIANTS}
+    ratios = {n: statistics.median(r[n] / r["unpatched"] for r in rounds) for n in VARIANTS if n != "unpatched"}
+    result = {
+        "model": model,
+        "device": args.device,
+        "concurrency": args.concurrency,
+        "max_new_tokens": args.max_new_tokens,
+        "rounds": args.rounds,
+        "median_tokens_per_s": median_tps,
+        "median_ratio_vs_unpatched": ratios,
+        "per_round_tokens_per_s": rounds,
+    }
+    print("\nmedian output tokens/s: " + "  ".join(f"{n}={v:.1f}" for n, v in median_tps.items()))
+    print("patched/unpatched (median of per-round ratios): " + "  ".join(f"{n}={v:.3f}" for n, v in ratios.items()))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

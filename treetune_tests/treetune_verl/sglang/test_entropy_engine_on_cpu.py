@@ -1,0 +1,201 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""Real ``sglang.Engine`` on CPU (tiny random Qwen2 and SmolLM2-135M) with entropy extraction installed.
+
+Every finished request must carry one entropy per completion token, equal (within 1e-4 nats) to an independent
+teacher-forced HF recomputation, in raw, top-k and tempered (T=0.7) modes, with overlap scheduling on and off;
+streams, n>1, concurrent requests, stop-token/EOS and length finishes, chunked prefill, and aborts (running and
+waiting) are all exercised; afterwards the scheduler holds no entropy state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from treetune_tests.treetune_verl.sglang.engine_helpers import (
+    assert_entropy_matches_hf,
+    collect_stream,
+    entropy_engine,
+    entropy_state_in_scheduler,
+    run_async,
+)
+
+pytestmark = [pytest.mark.engine]
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineCase:
+    model: str  # "tiny" | "smollm2"
+    top_k: int = 0
+    mode: str = "raw"
+    temperature: float = 1.0
+    overlap: bool = True
+
+    @property
+    def id(self) -> str:
+        return f"{self.model}-{self.mode}-k{self.top_k}-T{self.temperature}-{'overlap' if self.overlap else 'sync'}"
+
+
+CASES = [
+    EngineCase("tiny", overlap=False),
+    EngineCase("tiny", overlap=True),
+    EngineCase("tiny", top_k=20, overlap=True),
+    EngineCase("tiny", mode="tempered", temperature=0.7, overlap=False),
+    EngineCase("smollm2", overlap=True),
+    EngineCase("smollm2", top_k=20, overlap=False),
+    EngineCase("smollm2", mode="tempered", temperature=0.7, overlap=True),
+]
+
+
+@dataclasses.dataclass
+class RunningEngine:
+    case: EngineCase
+    engine: object
+    model_path: Path
+    prompts: list[list[int]]
+    stop_token_ids: list[int]
+
+    def check(self, prompt_ids: list[int], meta_info: dict, temperature: float | None = None) -> float:
+        temperature = self.case.temperature if temperature is None else temperature
+        return assert_entropy_matches_hf(
+            self.model_path,
+            prompt_ids,
+            meta_info,
+            top_k=self.case.top_k,
+            mode=self.case.mode,
+            temperature=temperature if temperature > 0 else 1.0,  # sglang runs greedy requests at T=1
+        )
+
+
+def _prompts(model_path: Path) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    questions = [
+        "What is the capital of France?",
+        "Name three colours.",
+        "What is 7 plus 5? Answer with a number.",
+        "Write one sentence about entropy. " * 12,  # long: crosses the chunked-prefill boundary
+    ]
+    return [
+        tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)
+        for q in questions
+    ]
+
+
+@pytest.fixture(scope="module", params=CASES, ids=[c.id for c in CASES])
+def running(request, tiny_model_dir, smollm2_dir):
+    case: EngineCase = request.param
+    model_path = tiny_model_dir if case.model == "tiny" else smollm2_dir
+    prompts = _prompts(model_path)
+    assert max(len(p) for p in prompts) > 32
+    with entropy_engine(
+        model_path,
+        top_k=case.top_k,
+        mode=case.mode,
+        disable_overlap_schedule=not case.overlap,
+        chunked_prefill_size=32,
+    ) as engine:
+        from transformers import AutoConfig
+
+        vocab = AutoConfig.from_pretrained(model_path).vocab_size
+        # Half the vocabulary as stop tokens: a sampled request stops within a few tokens (a "stop" finish).
+        yield RunningEngine(case, engine, model_path, prompts, stop_token_ids=list(range(vocab // 2)))
+
+
+def test_non_stream_concurrent_batch(running: RunningEngine):
+    T = running.case.temperature
+    params = [
+        {"max_new_tokens": 12, "temperature": T},
+        {"max_new_tokens": 64, "temperature": T, "stop_token_ids": running.stop_token_ids},
+        {"max_new_tokens": 24, "temperature": 0.0},
+        {"max_new_tokens": 9, "temperature": T, "top_p": 0.9},
+    ]
+    outs = running.engine.generate(input_ids=running.prompts, sampling_params=params, return_logprob=True)
+    finishes = [o["meta_info"]["finish_reason"]["type"] for o in outs]
+    # SmolLM2 may end a short answer with EOS ("stop") before its budget; 9 tokens of a long essay cannot.
+    assert finishes[1] == "stop" and finishes[3] == "length", finishes
+    assert set(finishes) <= {"stop", "length"}, finishes
+    for prompt, param, out in zip(running.prompts, params, outs, strict=True):
+        running.check(prompt, out["meta_info"], temperature=param["temperature"])
+
+
+def test_parallel_sampling_n_greater_than_one(running: RunningEngine):
+    prompt = running.prompts[2]
+    outs = running.engine.generate(
+        input_ids=prompt,
+        sampling_params={"max_new_tokens": 10, "temperature": running.case.temperature, "n": 3},
+        return_logprob=True,
+    )
+    assert len(outs) == 3
+    for out in outs:
+        running.check(prompt, out["meta_info"])
+
+
+def test_streams_with_abort_of_running_and_waiting_requests(running: RunningEngine):
+    engine, T = running.engine, running.case.temperature
+
+    async def stream_and_abort_after(rid: str, prompt: list[int], n_chunks: int) -> list[dict]:
+        chunks = []
+        obj_kwargs = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 200, "temperature": T}}
+        from sglang.srt.managers.io_struct import GenerateReqInput
+
+        obj = GenerateReqInput(rid=rid, stream=True, return_logprob=True, **obj_kwargs)
+        async for chunk in engine.tokenizer_manager.generate_request(obj, None):
+            chunks.append(chunk)
+            if len(chunks) == n_chunks:
+                engine.tokenizer_manager.abort_request(rid=rid)
+        return chunks
+
+    async def main():
+        streams = [
+            collect_stream(engine, f"s{i}", input_ids=p, sampling_params={"max_new_tokens": 14, "temperature": T})
+            for i, p in enumerate(running.prompts)
+        ]
+        # max_running_requests=8: the 9th-10th of these wait in the queue; one of them is aborted there.
+        waiting = [
+            collect_stream(engine, f"w{i}", input_ids=running.prompts[0], sampling_params={"max_new_tokens": 30})
+            for i in range(4)
+        ]
+        aborted = stream_and_abort_after("abort-running", running.prompts[1], n_chunks=3)
+
+        async def abort_waiting_soon():
+            await asyncio.sleep(0)
+            engine.tokenizer_manager.abort_request(rid="w3")
+
+        return await asyncio.gather(*streams, *waiting, aborted, abort_waiting_soon(), return_exceptions=True)
+
+    results = run_async(engine, main())
+    assert not [r for r in results if isinstance(r, BaseException)], results
+    streamed, waiting, aborted = results[:4], results[4:8], results[8]
+
+    for prompt, chunks in zip(running.prompts, streamed, strict=True):
+        # Every chunk's entropy list is the cumulative prefix of the final one, as for logprobs.
+        final = chunks[-1]["meta_info"]
+        for chunk in chunks:
+            entropy = chunk["meta_info"]["output_token_entropy"]
+            assert len(entropy) == len(chunk["meta_info"]["output_token_logprobs"])
+            assert entropy == final["output_token_entropy"][: len(entropy)]
+        assert final["finish_reason"]["type"] in ("length", "stop")  # SmolLM2 may emit EOS within 14 tokens
+        running.check(prompt, final)
+
+    final = aborted[-1]["meta_info"]
+    assert final["finish_reason"]["type"] == "abort"
+    assert 3 <= len(final["output_token_entropy"]) < 200
+    running.check(running.prompts[1], final)
+
+    for chunks in waiting:
+        final = chunks[-1]["meta_info"]
+        assert len(final["output_token_entropy"]) == len(final["output_token_logprobs"])
+        if final["finish_reason"]["type"] != "abort":
+            running.check(running.prompts[0], final, temperature=1.0)
+
+
+def test_no_entropy_without_logprobs_and_no_state_left(running: RunningEngine):
+    out = running.engine.generate(input_ids=running.prompts[0], sampling_params={"max_new_tokens": 5})
+    assert "output_token_entropy" not in out["meta_info"]
+    assert entropy_state_in_scheduler(running.engine) == 0
