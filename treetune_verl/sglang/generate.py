@@ -100,7 +100,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     out_dir = Path(args.out_dir)
     write_jsonl(records, out_dir / "responses.jsonl")
     (out_dir / "entropy.html").write_text(
-        render_html(records, title=f"Per-token entropy ({args.mode}, top-k={args.top_k or 'full'}) — {model}"),
+        render_html(
+            records, title=f"Per-token entropy ({args.mode}, top-k={args.top_k or 'full'}) — {Path(model).name}"
+        ),
         encoding="utf-8",
     )
     print(f"model: {model}\nentropy: mode={args.mode} top_k={args.top_k or 'full vocabulary'} (nats)")
