@@ -28,6 +28,7 @@ from treetune_verl.sglang.patching import (
     check_sglang_version,
     check_signature,
     is_patched,
+    original_of,
     replace_attr,
 )
 
@@ -123,8 +124,9 @@ def _record(scheduler: Any, batch: Any, result: Any, rows: list[int]) -> None:
 
 def _prefill_rows(scheduler: Any, batch: Any) -> list[int]:
     # Mirrors process_batch_result_prefill: finished/retracted rows and unfinished chunks get no token.
-    # Prefill-only requests (max_new_tokens == 0, e.g. sglang's internal prefix request for n > 1) get a dummy
-    # token without sampling: they generate nothing, so they get no entropy.
+    # Prefill-only requests (max_new_tokens == 0, e.g. sglang's internal prefix request for n > 1) generate
+    # nothing, so they get no entropy. (A batch made only of them is not sampled at all and gets a dummy token;
+    # in a mixed batch sglang samples their row anyway and returns one logprob with completion_tokens == 0.)
     if not scheduler.is_generation:
         return []
     return [
@@ -224,7 +226,7 @@ def apply_scheduler_patches(config: EntropyConfig, server_args: Any = None) -> N
     from sglang.srt.managers.scheduler_output_processor_mixin import SchedulerOutputProcessorMixin
     from sglang.srt.model_executor import model_runner as model_runner_mod
 
-    check_signature(sampler_mod.Sampler.forward, _SAMPLER_FORWARD_PARAMS, "sglang Sampler.forward")
+    check_signature(original_of(sampler_mod.Sampler).forward, _SAMPLER_FORWARD_PARAMS, "sglang Sampler.forward")
     check_signature(
         SchedulerOutputProcessorMixin.process_batch_result_prefill,
         _RESULT_HANDLER_PARAMS,
