@@ -1,0 +1,34 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""verl 0.7.1's single-turn agent loop, with the served per-token entropy carried next to the response."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, register
+from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
+
+from treetune_verl.agent_loop.entropy_output import RESPONSE_ENTROPY_KEY, EntropyRecorder
+
+
+@register("entropy_single_turn_agent")
+class EntropySingleTurnAgentLoop(SingleTurnAgentLoop):
+    """``SingleTurnAgentLoop`` whose output also holds ``extra_fields["response_entropy"]``.
+
+    The list has one value (nats) per element of ``response_ids``: the parent generates once and truncates the
+    response to ``response_length``; the entropy is truncated the same way. The parent's ``run`` is reused as is:
+    only ``server_manager`` is wrapped to see the server's output.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.server_manager = EntropyRecorder(self.server_manager)
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        output = await super().run(sampling_params, **kwargs)
+        entropy = self.server_manager.take()[: self.response_length]
+        if len(entropy) != len(output.response_ids):
+            raise RuntimeError(f"entropy/response misaligned: {len(entropy)} != {len(output.response_ids)}")
+        output.extra_fields[RESPONSE_ENTROPY_KEY] = entropy
+        return output

@@ -1,0 +1,64 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""verl 0.7.1's ``AgentLoopWorker`` that also puts ``rollout_entropy`` into the generated ``DataProto``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, AgentLoopWorker, _InternalAgentLoopOutput
+from verl.protocol import DataProto
+
+# Importing the loops registers their names in this process's verl agent-loop registry.
+from treetune_verl.agent_loop import entropy_single_turn_agent_loop, entropy_tool_agent_loop  # noqa: F401
+from treetune_verl.agent_loop.entropy_output import RESPONSE_ENTROPY_KEY, ROLLOUT_ENTROPY_KEY
+
+
+def pad_response_entropy(entropy: list[float] | None, num_tokens: int, response_length: int) -> torch.Tensor:
+    """``[1, response_length]`` float32 entropies (nats), right-padded with 0.0 like verl pads ``responses``.
+
+    ``entropy`` is ``None`` for a loop that carries none (a stock verl loop): all zeros then, so that every
+    worker's batch has the key and ``DataProto.concat`` across workers works.
+    """
+    row = torch.zeros(1, response_length, dtype=torch.float32)
+    if entropy is None:
+        return row
+    if len(entropy) != num_tokens or num_tokens > response_length:
+        raise ValueError(
+            f"{RESPONSE_ENTROPY_KEY} has {len(entropy)} values for {num_tokens} response tokens "
+            f"(response_length {response_length})"
+        )
+    row[0, :num_tokens] = torch.tensor(entropy, dtype=torch.float32)
+    return row
+
+
+class EntropyAgentLoopWorker(AgentLoopWorker):
+    """Adds ``batch["rollout_entropy"]``: float32 ``[batch, response_length]``, nats, aligned with ``responses``.
+
+    Non-zero exactly where a model-generated token sits (``response_mask == 1``, up to a served entropy of exactly
+    0.0); 0.0 at tool/user tokens, at padding, and for samples from loops that carry no entropy. The key is always
+    emitted; nothing is added to ``non_tensor_batch``.
+
+    Both overrides call the parent: ``response_entropy`` is popped from the loop's ``extra_fields`` before
+    ``_agent_loop_postprocess`` (which would hand it to the reward workers) and the padded row is popped again
+    before ``_postprocess`` (which turns every ``extra_fields`` key into an object array in ``non_tensor_batch``).
+    """
+
+    async def _agent_loop_postprocess(self, output: AgentLoopOutput, **kwargs: Any) -> _InternalAgentLoopOutput:
+        entropy = output.extra_fields.pop(RESPONSE_ENTROPY_KEY, None)
+        internal = await super()._agent_loop_postprocess(output, **kwargs)
+        internal.extra_fields[ROLLOUT_ENTROPY_KEY] = pad_response_entropy(
+            entropy, len(output.response_ids), self.rollout_config.response_length
+        )
+        return internal
+
+    def _postprocess(
+        self, inputs: list[_InternalAgentLoopOutput], input_non_tensor_batch: dict | None = None
+    ) -> DataProto:
+        response_length = self.rollout_config.response_length
+        rows = [item.extra_fields.pop(ROLLOUT_ENTROPY_KEY, None) for item in inputs]
+        rows = [row if row is not None else pad_response_entropy(None, 0, response_length) for row in rows]
+        data = super()._postprocess(inputs, input_non_tensor_batch=input_non_tensor_batch)
+        data.batch[ROLLOUT_ENTROPY_KEY] = torch.cat(rows, dim=0)
+        return data
