@@ -19,7 +19,7 @@ export PIP_CACHE_DIR      ?= $(CURDIR)/.cache/pip
 export HF_HUB_OFFLINE     := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup run probe test test-fast lint bench
+.PHONY: setup run probe test test-fast lint bench bench-probe
 
 setup: $(STAMP)
 
@@ -49,3 +49,6 @@ lint: setup
 
 bench: setup
 	$(PY) treetune_tests/treetune_verl/sglang/bench_entropy_throughput.py $(ARGS)
+
+bench-probe: setup
+	$(PY) treetune_tests/treetune_verl/probe/bench_probe.py $(ARGS)

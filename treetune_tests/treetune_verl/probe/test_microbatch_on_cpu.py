@@ -1,0 +1,108 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""Microbatch invariance: prompt-microbatches of 1, 2 and all give the same X/Y buffers (relative 1e-5).
+
+Responses end at an EOS token here, so lengths vary within and across prompts (padding and L_max both matter).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from treetune_tests.treetune_verl.probe.tiny import PROMPTS, sample_batch, tiny_llama
+from treetune_verl.probe.advantages import group_advantages
+from treetune_verl.probe.components import ProbeComponents
+from treetune_verl.probe.preconditioner import AdamPreconditioner
+
+EOS = 4
+PROMPTS4 = [*PROMPTS, [3, 3, 1, 0, 2]]
+MB_SIZES = (1, 2, len(PROMPTS4))
+
+
+def _batches(model):
+    gen = torch.Generator().manual_seed(7)
+    warm = sample_batch(model, PROMPTS4, 3, 5, gen, 0.9, 0.95, eos_token_ids=(EOS,))
+    E = sample_batch(model, PROMPTS4, 3, 5, gen, 0.9, 0.95, eos_token_ids=(EOS,))
+    lengths = E["attention_masks"][..., -5:].sum(-1)
+    assert lengths.unique().numel() > 1  # the test needs variable lengths
+    return warm, E
+
+
+def _assert_buffers_close(a, b):
+    assert a.keys() == b.keys()
+    for name in a:
+        scale = a[name].abs().max().clamp(min=1e-12)
+        torch.testing.assert_close(a[name] / scale, b[name] / scale, rtol=1e-5, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize(
+    ("estimator", "weighting_mode"),
+    [
+        ({"x_estimator_mode": "naive"}, "dr_grpo"),
+        ({"x_estimator_mode": "naive"}, "per_token_avg"),
+        ({"x_estimator_mode": "rb_residual", "baseline": {"mode": "none"}}, "dr_grpo"),
+        ({"x_estimator_mode": "rb_residual", "baseline": {"mode": "residual_mu"}}, "dr_grpo"),
+        (
+            {"x_estimator_mode": "rb_residual", "baseline": {"mode": "residual_mu"}, "rb_normalize_by_length": False},
+            "dr_grpo",
+        ),
+    ],
+    ids=["naive_dr_grpo", "naive_per_token_avg", "rb_none", "rb_mu", "rb_mu_unnormalised"],
+)
+def test_x_buffers_do_not_depend_on_the_microbatch_size(estimator, weighting_mode):
+    model = tiny_llama()
+    warm, E = _batches(model)
+    config = {"estimator": estimator, "probe": {"weighting_mode": weighting_mode}, **_policy()}
+    buffers, mus = [], []
+    for mb in MB_SIZES:
+        comps = ProbeComponents(model, config)
+        comps.accumulate_sum_X(warm, 2)  # the same μ history for every microbatch size
+        buf, n_prompts = comps.accumulate_sum_X(E, mb)
+        assert n_prompts == len(PROMPTS4)
+        buffers.append(buf)
+        mus.append(comps.baseline.vector(5))
+    for buf, mu in zip(buffers[1:], mus[1:], strict=True):
+        _assert_buffers_close(buffers[0], buf)
+        torch.testing.assert_close(mu, mus[0], rtol=1e-6, atol=1e-7)
+    if estimator.get("baseline", {}).get("mode") == "residual_mu":
+        assert mus[0].abs().sum() > 0
+
+
+def _policy():
+    return {"generation": {"temperature": 0.9, "top_p": 0.95}}
+
+
+def test_y_buffers_do_not_depend_on_the_microbatch_size():
+    model = tiny_llama()
+    _, U = _batches(model)
+    U["advantages"] = group_advantages(torch.rand(len(PROMPTS4), 3, generator=torch.Generator().manual_seed(1)), "grpo")
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, betas=(0.0, 0.99))
+    for p in model.parameters():
+        optimizer.state[p] = {
+            "step": torch.tensor(5.0),
+            "exp_avg": torch.zeros_like(p),
+            "exp_avg_sq": torch.rand_like(p),
+        }
+    buffers = []
+    for mb in MB_SIZES:
+        comps = ProbeComponents(model, _policy(), optimizer)
+        buf, n_prompts = comps.accumulate_sum_Y(U, mb, AdamPreconditioner(optimizer, comps.params))
+        assert n_prompts == len(PROMPTS4)
+        buffers.append(buf)
+    for buf in buffers[1:]:
+        _assert_buffers_close(buffers[0], buf)
+    assert sum(float(t.abs().sum()) for t in buffers[0].values()) > 0
+
+
+def test_probe_passes_leave_grads_and_mode_untouched():
+    model = tiny_llama()
+    model.train()
+    _, E = _batches(model)
+    sentinel = {n: torch.full_like(p, 3.0) for n, p in model.named_parameters()}
+    for n, p in model.named_parameters():
+        p.grad = sentinel[n].clone()
+    ProbeComponents(model, _policy()).accumulate_sum_X(E, 2)
+    assert model.training
+    for n, p in model.named_parameters():
+        assert torch.equal(p.grad, sentinel[n])

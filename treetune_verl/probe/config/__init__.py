@@ -1,0 +1,91 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""Probe configuration: defaults in ``probe.yaml``, merged and validated here.
+
+``resolve_config`` accepts a full or partial config (dict or DictConfig), merges it onto the defaults in struct
+mode (an unknown key raises) and validates every enumerated or ranged value, naming the key in the error.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+CONFIG_DIR = Path(__file__).resolve().parent
+CONFIG_NAME = "probe"
+
+_CHOICES = {
+    "model.dtype": ("float32", "bfloat16", "float16"),
+    "advantage.estimator": ("grpo", "dr_grpo"),
+    "estimator.x_estimator_mode": ("naive", "rb_residual"),
+    "estimator.baseline.mode": ("none", "residual_mu"),
+    "probe.buffers_dtype": ("float32", "float64", "bfloat16", "float16"),
+    "probe.buffers_device": ("cpu", "model"),
+    "probe.weighting_mode": ("dr_grpo", "per_token_avg"),
+    "optimizer.name": ("sgd", "adam", "adamw"),
+}
+_POSITIVE_INTS = (
+    "generation.max_new_tokens",
+    "generation.batch_size",
+    "batch.B_E",
+    "batch.B_U",
+    "batch.G",
+    "probe.mb_size_prompts",
+    "run.repeats",
+)
+
+
+def load_default_config() -> DictConfig:
+    """The packaged defaults (without Hydra's own ``hydra:`` block)."""
+    cfg = OmegaConf.load(CONFIG_DIR / f"{CONFIG_NAME}.yaml")
+    cfg.pop("hydra", None)
+    return cfg
+
+
+def resolve_config(config: DictConfig | dict[str, Any] | None = None) -> DictConfig:
+    """Defaults ← ``config`` (struct merge), validated. Returns a new DictConfig."""
+    base = load_default_config()
+    OmegaConf.set_struct(base, True)
+    if config is not None:
+        override = config if isinstance(config, DictConfig) else OmegaConf.create(config)
+        override = OmegaConf.masked_copy(override, [k for k in override if k != "hydra"])
+        try:
+            base = OmegaConf.merge(base, override)
+        except Exception as exc:  # omegaconf raises ConfigKeyError / ValidationError subclasses
+            raise ValueError(f"invalid probe config: {exc}") from exc
+    validate_config(base)
+    return base
+
+
+def validate_config(cfg: DictConfig) -> None:
+    """Raise ``ValueError`` naming the key for any out-of-range or unknown value."""
+    for key, allowed in _CHOICES.items():
+        value = OmegaConf.select(cfg, key)
+        if value not in allowed:
+            raise ValueError(f"{key} must be one of {list(allowed)}, got {value!r}")
+    for key in _POSITIVE_INTS:
+        value = OmegaConf.select(cfg, key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{key} must be a positive integer, got {value!r}")
+    decay = cfg.estimator.baseline.ema_decay
+    if not isinstance(decay, int | float) or not 0.0 <= float(decay) < 1.0:
+        raise ValueError(f"estimator.baseline.ema_decay must be in [0, 1), got {decay!r}")
+    if not float(cfg.generation.temperature) > 0:
+        raise ValueError(f"generation.temperature must be > 0, got {cfg.generation.temperature!r}")
+    if not 0 < float(cfg.generation.top_p) <= 1:
+        raise ValueError(f"generation.top_p must be in (0, 1], got {cfg.generation.top_p!r}")
+    if not float(cfg.optimizer.lr) >= 0:
+        raise ValueError(f"optimizer.lr must be >= 0, got {cfg.optimizer.lr!r}")
+    if not float(cfg.advantage.eps) > 0:
+        raise ValueError(f"advantage.eps must be > 0, got {cfg.advantage.eps!r}")
+    if len(cfg.optimizer.betas) != 2 or not all(0.0 <= float(b) < 1.0 for b in cfg.optimizer.betas):
+        raise ValueError(f"optimizer.betas must be two numbers in [0, 1), got {list(cfg.optimizer.betas)!r}")
+    if int(cfg.optimizer.state_warmup_batches) < 0:
+        raise ValueError(f"optimizer.state_warmup_batches must be >= 0, got {cfg.optimizer.state_warmup_batches!r}")
+    if int(cfg.prompts.max_operand) < 1:
+        raise ValueError(f"prompts.max_operand must be >= 1, got {cfg.prompts.max_operand!r}")
+    estimators = list(cfg.run.estimators)
+    if not estimators or any(e not in _CHOICES["estimator.x_estimator_mode"] for e in estimators):
+        raise ValueError(f"run.estimators must be a non-empty list from ['naive', 'rb_residual'], got {estimators!r}")

@@ -1,0 +1,131 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""Ground truth for ΔH₁: take the real optimizer step on U, measure the entropy change on E's prompts, restore.
+
+Shape notation:
+    b = prompts of an E batch, G = responses per prompt
+    F[b, g] = Σ_k H_k(s_k) along response g (nats per sequence);  S[b, g] = log π(y_g | x_b)
+
+Measured quantity: the probe's target H̄ = mean_b H_seq(x_b) / L_max(x_b) (or per sequence, without the division),
+on E's prompts, before (θ) and after (θ′) the step. Both values are estimated on E's own responses, y ~ π_θ, with
+common random numbers:
+
+    Ĥ_b(θ)  = mean_g F_θ[b, g] / L_max(b)
+    Ĥ_b(θ′) = Σ_g w_g F_θ′[b, g] / L_max(b),   w = softmax_g(S_θ′ - S_θ)   (self-normalised importance weights)
+
+Why this estimator: sampling fresh responses at θ and θ′ would bury a change of 1e-4 nats under O(1/sqrt(N)) noise,
+whereas on the same responses the noise of the difference is that of a directional-derivative estimate (its first
+order is the mean pathwise change of F plus the covariance of the log-weight with F, i.e. an RB estimate with a
+batch-mean baseline), and it includes every higher-order and optimizer effect of the real step (Adam's second-moment
+update, momentum, weight decay). It is exact in the limit G → ∞ per prompt; with top-p, tokens that enter the nucleus
+at θ′ but were outside it at θ are never sampled (a bias of the size of their θ′ mass, zero for small steps).
+
+Snapshot/restore: trainable parameters are cloned and the optimizer state is deep-copied before the step and copied
+back afterwards, so weights and optimizer state are bit-identical on return; ``.grad`` and train/eval mode too.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+
+from treetune_verl.probe.batch import iter_microbatches, validate_probe_batch
+from treetune_verl.probe.components import ProbeComponents, probe_pass_context
+from treetune_verl.probe.estimators import y_loss
+from treetune_verl.probe.teacher_forcing import teacher_force
+
+
+@torch.no_grad()
+def sequence_entropy_stats(
+    components: ProbeComponents, batch: dict[str, torch.Tensor], mb_size_prompts: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(S, F)``: ``[B, G]`` fp64 CPU sequence log-probabilities and summed per-token entropies (nats)."""
+    _, _, P = validate_probe_batch(batch, "E_batch")
+    S_parts, F_parts = [], []
+    with probe_pass_context(components.model, components.params):
+        for mb in iter_microbatches(batch, mb_size_prompts):
+            with components.autocast():
+                tf = teacher_force(components.model, mb, P, components.temperature, components.top_p, True)
+            S_parts.append(tf.token_logprobs.double().sum(-1).cpu())
+            F_parts.append(tf.entropies.double().sum(-1).cpu())
+    return torch.cat(S_parts), torch.cat(F_parts)
+
+
+def real_step(
+    components: ProbeComponents,
+    U_batch: dict[str, torch.Tensor],
+    mb_size_prompts: int,
+    optimizer: torch.optim.Optimizer,
+) -> float:
+    """One optimizer step minimising -J = -mean_b mean_g (A/L_max)·S over U (microbatched); returns seconds.
+
+    The gradient is accumulated in ``.grad`` over microbatches (divided by B_U) and the optimizer steps once; run
+    inside ``probe_pass_context`` (eval mode), the same policy as sampling. Leaves ``.grad`` populated.
+    """
+    B_U, _, P = validate_probe_batch(U_batch, "U_batch")
+    start = time.perf_counter()
+    optimizer.zero_grad(set_to_none=True)
+    for mb in iter_microbatches(U_batch, mb_size_prompts):
+        with components.autocast():
+            tf = teacher_force(components.model, mb, P, components.temperature, components.top_p, False)
+        loss = -y_loss(tf, mb["advantages"], mb["max_lengths"]) / B_U
+        loss.backward()  # under DDP this all-reduces, as a real training step does
+    optimizer.step()
+    return time.perf_counter() - start
+
+
+def true_entropy_change(
+    components: ProbeComponents,
+    E_batches: list[dict[str, torch.Tensor]],
+    U_batch: dict[str, torch.Tensor],
+    mb_size_prompts: int,
+    optimizer: torch.optim.Optimizer | None,
+    lr: float,
+) -> dict[str, object]:
+    """Real step on U (``optimizer``, else SGD(lr)), entropy change on each E batch, exact restore.
+
+    Returns:
+        dict with, per E batch (lists): ``deltaH_true`` and ``deltaH_true_per_sequence`` (nats per L_max token /
+        per sequence), ``H_before``/``H_after`` (per L_max token), ``min_ess`` (smallest per-prompt effective sample
+        size of the weights, out of G); and ``train_step_s``, ``ground_truth_s`` (seconds).
+    """
+    start = time.perf_counter()
+    model, params = components.model, components.params
+    before = [sequence_entropy_stats(components, E, mb_size_prompts) for E in E_batches]
+
+    opt = optimizer if optimizer is not None else torch.optim.SGD(params, lr=lr)
+    stepped = list(params)  # the optimizer may hold parameters the probe does not (frozen now, say)
+    known = {id(p) for p in stepped}
+    stepped += [p for group in opt.param_groups for p in group["params"] if id(p) not in known]
+    param_snapshot = [p.detach().clone() for p in stepped]
+    opt_snapshot = copy.deepcopy(opt.state_dict())
+    try:
+        with probe_pass_context(model, params):
+            train_step_s = real_step(components, U_batch, mb_size_prompts, opt)
+        after = [sequence_entropy_stats(components, E, mb_size_prompts) for E in E_batches]
+    finally:
+        with torch.no_grad():
+            for p, saved in zip(stepped, param_snapshot, strict=True):
+                p.copy_(saved)
+        opt.load_state_dict(opt_snapshot)
+
+    out: dict[str, list[float]] = {
+        "deltaH_true": [],
+        "deltaH_true_per_sequence": [],
+        "H_before": [],
+        "H_after": [],
+        "min_ess": [],
+    }
+    for E, (S0, F0), (S1, F1) in zip(E_batches, before, after, strict=True):
+        lmax = E["max_lengths"].double()  # [B]
+        weights = torch.softmax(S1 - S0, dim=1)  # [B, G]
+        h0_seq = F0.mean(dim=1)
+        h1_seq = (weights * F1).sum(dim=1)
+        out["deltaH_true"].append(float(((h1_seq - h0_seq) / lmax).mean()))
+        out["deltaH_true_per_sequence"].append(float((h1_seq - h0_seq).mean()))
+        out["H_before"].append(float((h0_seq / lmax).mean()))
+        out["H_after"].append(float((h1_seq / lmax).mean()))
+        out["min_ess"].append(float((1.0 / (weights**2).sum(dim=1)).min()))
+    return {**out, "train_step_s": train_step_s, "ground_truth_s": time.perf_counter() - start}
