@@ -25,7 +25,7 @@ from treetune_verl.probe.batch import iter_microbatches, validate_probe_batch
 from treetune_verl.probe.config import resolve_config
 from treetune_verl.probe.estimators import ResidualBaseline, naive_x_loss, rb_residual_x_loss, y_loss
 from treetune_verl.probe.preconditioner import AdamPreconditioner
-from treetune_verl.probe.teacher_forcing import teacher_force
+from treetune_verl.probe.teacher_forcing import TeacherForced, teacher_force
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -145,6 +145,21 @@ class ProbeComponents:
         # Per-microbatch gradients are summed into our own buffers; a DDP all-reduce per backward would be wasted.
         return self.model.no_sync() if is_ddp(self.model) else contextlib.nullcontext()
 
+    def teacher_forced_microbatches(
+        self, batch: dict[str, torch.Tensor], mb_size_prompts: int, with_entropy: bool, name: str = "batch"
+    ) -> Iterator[tuple[dict[str, torch.Tensor], TeacherForced]]:
+        """Validate ``batch``, then yield ``(microbatch, teacher-forced results)`` along the prompt dimension.
+
+        Runs inside :func:`probe_pass_context` (eval mode, ``.grad`` stashed and restored) with autocast following
+        the model's dtype; the caller may ``backward()`` through each result before taking the next one.
+        """
+        _, _, response_col = validate_probe_batch(batch, name)
+        with probe_pass_context(self.model, self.params):
+            for mb in iter_microbatches(batch, mb_size_prompts):
+                with self.autocast():
+                    tf = teacher_force(self.model, mb, response_col, self.temperature, self.top_p, with_entropy)
+                yield mb, tf
+
     def _accumulate(
         self,
         batch: dict[str, torch.Tensor],
@@ -152,19 +167,16 @@ class ProbeComponents:
         loss_fn: Callable[[dict[str, torch.Tensor]], torch.Tensor],
         with_entropy: bool,
         transform: Callable[[torch.Tensor, torch.nn.Parameter], torch.Tensor] | None,
-        response_col: int,
+        name: str,
     ) -> ParamBuffer:
         buf = self.zeros_like_params()
-        with probe_pass_context(self.model, self.params):
-            for mb in iter_microbatches(batch, mb_size_prompts):
-                with self.autocast():
-                    tf = teacher_force(self.model, mb, response_col, self.temperature, self.top_p, with_entropy)
-                loss = loss_fn({"tf": tf, **mb})
-                with self._no_sync():
-                    loss.backward()
-                self.add_into_param_buffer(buf, transform=transform)
-                for p in self.params:
-                    p.grad = None
+        for mb, tf in self.teacher_forced_microbatches(batch, mb_size_prompts, with_entropy, name):
+            loss = loss_fn({"tf": tf, **mb})
+            with self._no_sync():
+                loss.backward()
+            self.add_into_param_buffer(buf, transform=transform)
+            for p in self.params:
+                p.grad = None
         return buf
 
     def accumulate_sum_X(self, E_batch: dict[str, torch.Tensor], mb_size_prompts: int) -> tuple[ParamBuffer, int]:
@@ -189,7 +201,7 @@ class ProbeComponents:
             def loss_fn(mb: dict) -> torch.Tensor:
                 return naive_x_loss(mb["tf"], mb["max_lengths"], self.weighting_mode)
 
-            buf = self._accumulate(E_batch, mb_size_prompts, loss_fn, False, None, P)
+            buf = self._accumulate(E_batch, mb_size_prompts, loss_fn, False, None, "E_batch")
         else:
             mu = self.baseline.vector(R) if self.baseline_mode == "residual_mu" else None
             residual_sum = torch.zeros(R, dtype=torch.float64)
@@ -201,7 +213,7 @@ class ProbeComponents:
                 residual_count.add_(r_count)
                 return loss
 
-            buf = self._accumulate(E_batch, mb_size_prompts, loss_fn, True, None, P)
+            buf = self._accumulate(E_batch, mb_size_prompts, loss_fn, True, None, "E_batch")
             if self.baseline_mode == "residual_mu":
                 self.baseline.update(residual_sum, residual_count)
         self.last_timing = {"X_s": time.perf_counter() - start}
@@ -218,13 +230,13 @@ class ProbeComponents:
         P is linear, so preconditioning each microbatch's gradient equals preconditioning the sum. ``None`` means
         the identity.
         """
-        B, _, P = validate_probe_batch(U_batch, "U_batch")
+        B, _, _ = validate_probe_batch(U_batch, "U_batch")
         start = time.perf_counter()
         transform = adam_preconditioner.apply if adam_preconditioner is not None else None
 
         def loss_fn(mb: dict) -> torch.Tensor:
             return y_loss(mb["tf"], mb["advantages"], mb["max_lengths"])
 
-        buf = self._accumulate(U_batch, mb_size_prompts, loss_fn, False, transform, P)
+        buf = self._accumulate(U_batch, mb_size_prompts, loss_fn, False, transform, "U_batch")
         self.last_timing = {"Y_s": time.perf_counter() - start}
         return buf, B

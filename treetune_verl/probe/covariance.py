@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from treetune_verl.probe.batch import iter_microbatches, validate_probe_batch
-from treetune_verl.probe.components import ProbeComponents, probe_pass_context
-from treetune_verl.probe.teacher_forcing import teacher_force
+from treetune_verl.probe.components import ProbeComponents
 
 
 @torch.no_grad()
@@ -28,15 +26,11 @@ def covariance_entropy_change(
     components: ProbeComponents, U_batch: dict[str, torch.Tensor], mb_size_prompts: int, lr: float
 ) -> float:
     """-lr · Cov_t(log π, A) over the response tokens of ``U_batch`` (teacher-forced, fp64 accumulation)."""
-    _, _, P = validate_probe_batch(U_batch, "U_batch")
     logprobs, advantages = [], []
-    with probe_pass_context(components.model, components.params):
-        for mb in iter_microbatches(U_batch, mb_size_prompts):
-            with components.autocast():
-                tf = teacher_force(components.model, mb, P, components.temperature, components.top_p, False)
-            valid = tf.response_mask.cpu()
-            adv = mb["advantages"].double().unsqueeze(-1).expand(valid.shape)
-            logprobs.append(tf.token_logprobs.double().cpu()[valid])
-            advantages.append(adv[valid])
+    for mb, tf in components.teacher_forced_microbatches(U_batch, mb_size_prompts, False, "U_batch"):
+        valid = tf.response_mask.cpu()
+        adv = mb["advantages"].double().unsqueeze(-1).expand(valid.shape)
+        logprobs.append(tf.token_logprobs.double().cpu()[valid])
+        advantages.append(adv[valid])
     lp, adv = torch.cat(logprobs), torch.cat(advantages)
     return float(-lr * ((lp - lp.mean()) * (adv - adv.mean())).mean())

@@ -42,14 +42,10 @@ def sequence_entropy_stats(
     components: ProbeComponents, batch: dict[str, torch.Tensor], mb_size_prompts: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(S, F)``: ``[B, G]`` fp64 CPU sequence log-probabilities and summed per-token entropies (nats)."""
-    _, _, P = validate_probe_batch(batch, "E_batch")
     S_parts, F_parts = [], []
-    with probe_pass_context(components.model, components.params):
-        for mb in iter_microbatches(batch, mb_size_prompts):
-            with components.autocast():
-                tf = teacher_force(components.model, mb, P, components.temperature, components.top_p, True)
-            S_parts.append(tf.token_logprobs.double().sum(-1).cpu())
-            F_parts.append(tf.entropies.double().sum(-1).cpu())
+    for _, tf in components.teacher_forced_microbatches(batch, mb_size_prompts, True, "E_batch"):
+        S_parts.append(tf.token_logprobs.double().sum(-1).cpu())
+        F_parts.append(tf.entropies.double().sum(-1).cpu())
     return torch.cat(S_parts), torch.cat(F_parts)
 
 

@@ -73,6 +73,9 @@ CPU_ENGINE_KWARGS: dict[str, object] = dict(
     max_running_requests=8,
     chunked_prefill_size=64,
     skip_server_warmup=True,
+    # An idle scheduler otherwise busy-polls a core; on a 2-core machine that slows whatever else runs (another
+    # Engine, the HF recomputation in tests). It wakes at once on a request (zmq poll).
+    sleep_on_idle=True,
 )
 
 
