@@ -10,6 +10,10 @@ process-wide TokenizerManager one); all are started first, then measured in inte
 each round) on the same prompts with ``return_logprob=True`` and ``ignore_eos`` so every round decodes the same
 number of tokens. Reports median output tokens/s per variant and the median of the per-round
 patched/unpatched ratios; writes JSON. Goal on CPU with SmolLM2 at >= 8 concurrent requests: ratio >= 0.97.
+
+Because end-to-end rounds on a shared 2-core machine vary by tens of percent, the script also times the entropy
+op itself (``entropy_for_sampling`` on ``[concurrency, vocab]`` logits, median of many calls, in this process) and
+reports it as a share of the median unpatched decode step: a tight bound on the sampler-side cost.
 """
 
 from __future__ import annotations
@@ -51,6 +55,32 @@ def _worker(conn, model: str, top_k: int | None, device: str, args: dict) -> Non
             conn.send((tokens, seconds))
     finally:
         engine.shutdown()
+
+
+def entropy_op_seconds(model: str, concurrency: int, device: str, reps: int = 50) -> dict[str, float]:
+    """Median seconds of one sampler-step entropy computation (full vocabulary and top-k) on random logits."""
+    import torch
+    from transformers import AutoConfig
+
+    from treetune_verl.sglang.entropy import EntropyConfig
+    from treetune_verl.sglang.scheduler_patches import entropy_for_sampling
+
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    vocab = AutoConfig.from_pretrained(model).vocab_size
+    logits = torch.randn(concurrency, vocab, device=device) * 3
+    temperatures = torch.ones(concurrency, 1, device=device)
+    out = {}
+    for name, top_k in VARIANTS.items():
+        if top_k is None:
+            continue
+        config = EntropyConfig(top_k=top_k)
+        times = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            entropy_for_sampling(logits, temperatures, config).tolist()  # includes the one host copy per step
+            times.append(time.perf_counter() - start)
+        out[name] = statistics.median(times)
+    return out
 
 
 def main() -> None:
@@ -98,6 +128,9 @@ def main() -> None:
         proc.join(timeout=60)
 
     median_tps = {n: statistics.median(r[n] for r in rounds) for n in VARIANTS}
+    op_seconds = entropy_op_seconds(model, args.concurrency, args.device)
+    step_seconds = args.concurrency / median_tps["unpatched"]  # one decode step yields one token per request
+    op_share = {n: t / step_seconds for n, t in op_seconds.items()}
     ratios = {n: statistics.median(r[n] / r["unpatched"] for r in rounds) for n in VARIANTS if n != "unpatched"}
     result = {
         "model": model,
@@ -107,10 +140,19 @@ def main() -> None:
         "rounds": args.rounds,
         "median_tokens_per_s": median_tps,
         "median_ratio_vs_unpatched": ratios,
+        "entropy_op_seconds_per_step": op_seconds,
+        "entropy_op_share_of_unpatched_step": op_share,
         "per_round_tokens_per_s": rounds,
     }
     print("\nmedian output tokens/s: " + "  ".join(f"{n}={v:.1f}" for n, v in median_tps.items()))
     print("patched/unpatched (median of per-round ratios): " + "  ".join(f"{n}={v:.3f}" for n, v in ratios.items()))
+    print(
+        "entropy op per step: "
+        + "  ".join(
+            f"{n}={op_seconds[n] * 1e3:.3f} ms ({op_share[n]:.2%} of a {step_seconds * 1e3:.0f} ms step)"
+            for n in op_seconds
+        )
+    )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
