@@ -11,7 +11,9 @@ each round) on the same prompts with ``return_logprob=True`` and ``ignore_eos`` 
 number of tokens. Reports median output tokens/s per variant and the median of the per-round
 patched/unpatched ratios; writes JSON. Goal on CPU with SmolLM2 at >= 8 concurrent requests: ratio >= 0.97.
 
-Because end-to-end rounds on a shared 2-core machine vary by tens of percent, the script also times the entropy
+Wall-clock rounds on a shared 2-core machine vary by tens of percent, so each round also records the CPU seconds
+the variant's whole Engine (owner process, scheduler, detokenizer) spent: tokens per CPU-second is much less
+sensitive to what else the machine does. The script also times the entropy
 op itself (``entropy_for_sampling`` on ``[concurrency, vocab]`` logits, median of many calls, in this process) and
 reports it as a share of the median unpatched decode step: a tight bound on the sampler-side cost.
 """
@@ -30,8 +32,23 @@ VARIANTS = {"unpatched": None, "full": 0, "top_k": 20}  # name -> entropy top-k 
 PROMPT = "Write a short story about a robot who learns to paint. Include {i} colours."
 
 
+def _tree_cpu_seconds() -> float:
+    """User + system CPU seconds of this process and all its descendants (the Engine's processes)."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
 def _worker(conn, model: str, top_k: int | None, device: str, args: dict) -> None:
-    """Own one Engine; answer 'run' with (output tokens, seconds) until 'stop'."""
+    """Own one Engine; answer 'run' with (output tokens, wall seconds, CPU seconds) until 'stop'."""
     import sglang
 
     from treetune_verl.sglang.engine import engine_kwargs, install
@@ -44,15 +61,15 @@ def _worker(conn, model: str, top_k: int | None, device: str, args: dict) -> Non
     conn.send("ready")
     try:
         while conn.recv() == "run":
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), _tree_cpu_seconds()
             outs = engine.generate(prompt=prompts, sampling_params=params, return_logprob=True)
-            seconds = time.perf_counter() - start
+            seconds, cpu_seconds = time.perf_counter() - start, _tree_cpu_seconds() - cpu_start
             tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
             if top_k is not None:
                 assert all(
                     len(o["meta_info"]["output_token_entropy"]) == o["meta_info"]["completion_tokens"] for o in outs
                 )
-            conn.send((tokens, seconds))
+            conn.send((tokens, seconds, cpu_seconds))
     finally:
         engine.shutdown()
 
@@ -106,7 +123,7 @@ def main() -> None:
         assert parent.recv() == "ready"
         workers[name] = (proc, parent)
 
-    def run(name: str) -> tuple[int, float]:
+    def run(name: str) -> tuple[int, float, float]:
         workers[name][1].send("run")
         return workers[name][1].recv()
 
@@ -114,15 +131,20 @@ def main() -> None:
         run(name)
     rng = random.Random(args.seed)
     rounds: list[dict[str, float]] = []
+    cpu_rounds: list[dict[str, float]] = []
     for r in range(args.rounds):
         order = list(VARIANTS)
         rng.shuffle(order)
-        tps = {}
+        tps, tpc = {}, {}
         for name in order:
-            tokens, seconds = run(name)
-            tps[name] = tokens / seconds
+            tokens, seconds, cpu_seconds = run(name)
+            tps[name], tpc[name] = tokens / seconds, tokens / cpu_seconds
         rounds.append(tps)
-        print(f"round {r}: " + "  ".join(f"{n}={tps[n]:.1f} tok/s" for n in VARIANTS), flush=True)
+        cpu_rounds.append(tpc)
+        print(
+            f"round {r}: " + "  ".join(f"{n}={tps[n]:.1f} tok/s ({tpc[n]:.1f} tok/cpu-s)" for n in VARIANTS),
+            flush=True,
+        )
     for proc, conn in workers.values():
         conn.send("stop")
         proc.join(timeout=60)
@@ -132,6 +154,7 @@ def main() -> None:
     step_seconds = args.concurrency / median_tps["unpatched"]  # one decode step yields one token per request
     op_share = {n: t / step_seconds for n, t in op_seconds.items()}
     ratios = {n: statistics.median(r[n] / r["unpatched"] for r in rounds) for n in VARIANTS if n != "unpatched"}
+    cpu_ratios = {n: statistics.median(r[n] / r["unpatched"] for r in cpu_rounds) for n in VARIANTS if n != "unpatched"}
     result = {
         "model": model,
         "device": args.device,
@@ -140,12 +163,18 @@ def main() -> None:
         "rounds": args.rounds,
         "median_tokens_per_s": median_tps,
         "median_ratio_vs_unpatched": ratios,
+        "median_cpu_time_ratio_vs_unpatched": cpu_ratios,
         "entropy_op_seconds_per_step": op_seconds,
         "entropy_op_share_of_unpatched_step": op_share,
         "per_round_tokens_per_s": rounds,
+        "per_round_tokens_per_cpu_s": cpu_rounds,
     }
     print("\nmedian output tokens/s: " + "  ".join(f"{n}={v:.1f}" for n, v in median_tps.items()))
     print("patched/unpatched (median of per-round ratios): " + "  ".join(f"{n}={v:.3f}" for n, v in ratios.items()))
+    print(
+        "patched/unpatched in tokens per CPU-second (median of per-round ratios): "
+        + "  ".join(f"{n}={v:.3f}" for n, v in cpu_ratios.items())
+    )
     print(
         "entropy op per step: "
         + "  ".join(
