@@ -28,7 +28,9 @@ import statistics
 import time
 from pathlib import Path
 
-VARIANTS = {"unpatched": None, "full": 0, "top_k": 20}  # name -> entropy top-k (None = no patches)
+# name -> entropy top-k (None = no patches). "control" is a second unpatched Engine: its ratio to "unpatched" is the
+# A/A spread between two identical Engine instances, the floor below which a patched/unpatched ratio means nothing.
+VARIANTS = {"unpatched": None, "control": None, "full": 0, "top_k": 20}
 PROMPT = "Write a short story about a robot who learns to paint. Include {i} colours."
 
 
@@ -115,8 +117,12 @@ def main() -> None:
 
     model = args.model or str(smollm2_path())
     ctx = mp.get_context("spawn")
+    rng = random.Random(args.seed)
+    start_order = list(VARIANTS)
+    rng.shuffle(start_order)  # start order must not favour a variant (memory placement, warm caches)
     workers = {}
-    for name, top_k in VARIANTS.items():  # started one at a time: engine start-up is CPU-heavy
+    for name in start_order:  # started one at a time: engine start-up is CPU-heavy
+        top_k = VARIANTS[name]
         parent, child = ctx.Pipe()
         proc = ctx.Process(target=_worker, args=(child, model, top_k, args.device, vars(args)), daemon=False)
         proc.start()
@@ -129,7 +135,6 @@ def main() -> None:
 
     for name in VARIANTS:  # warm-up round, not measured
         run(name)
-    rng = random.Random(args.seed)
     rounds: list[dict[str, float]] = []
     cpu_rounds: list[dict[str, float]] = []
     for r in range(args.rounds):
@@ -161,6 +166,7 @@ def main() -> None:
         "concurrency": args.concurrency,
         "max_new_tokens": args.max_new_tokens,
         "rounds": args.rounds,
+        "engine_start_order": start_order,
         "median_tokens_per_s": median_tps,
         "median_ratio_vs_unpatched": ratios,
         "median_cpu_time_ratio_vs_unpatched": cpu_ratios,
