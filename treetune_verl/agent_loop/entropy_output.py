@@ -52,6 +52,15 @@ def served_entropy(output: Any) -> list[float]:
     return [float(value) for value in entropy]
 
 
+def attach_response_entropy(output: Any, entropy: list[float], response_length: int) -> None:
+    """Truncate ``entropy`` to ``response_length`` as verl truncates ``response_ids`` and put it into
+    ``output.extra_fields["response_entropy"]``; raises if it does not align with ``output.response_ids``."""
+    entropy = entropy[:response_length]
+    if len(entropy) != len(output.response_ids):
+        raise RuntimeError(f"entropy/response misaligned: {len(entropy)} != {len(output.response_ids)}")
+    output.extra_fields[RESPONSE_ENTROPY_KEY] = entropy
+
+
 class EntropyRecorder:
     """Stands in for an agent loop's ``server_manager``: forwards ``generate`` and keeps the entropy it served.
 

@@ -9,7 +9,7 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, register
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 
-from treetune_verl.agent_loop.entropy_output import RESPONSE_ENTROPY_KEY, EntropyRecorder
+from treetune_verl.agent_loop.entropy_output import EntropyRecorder, attach_response_entropy
 
 
 @register("entropy_single_turn_agent")
@@ -27,8 +27,5 @@ class EntropySingleTurnAgentLoop(SingleTurnAgentLoop):
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         output = await super().run(sampling_params, **kwargs)
-        entropy = self.server_manager.take()[: self.response_length]
-        if len(entropy) != len(output.response_ids):
-            raise RuntimeError(f"entropy/response misaligned: {len(entropy)} != {len(output.response_ids)}")
-        output.extra_fields[RESPONSE_ENTROPY_KEY] = entropy
+        attach_response_entropy(output, self.server_manager.take(), self.response_length)
         return output

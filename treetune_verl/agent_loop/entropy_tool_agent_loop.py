@@ -9,7 +9,7 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, register
 from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, ToolAgentLoop
 
-from treetune_verl.agent_loop.entropy_output import RESPONSE_ENTROPY_KEY, EntropyRecorder
+from treetune_verl.agent_loop.entropy_output import EntropyRecorder, attach_response_entropy
 
 ENTROPY_ATTR = "response_entropy"  # list[float] on AgentData, aligned with AgentData.response_mask
 
@@ -40,10 +40,7 @@ class EntropyToolAgentLoop(ToolAgentLoop):
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         output = await super().run(sampling_params, **kwargs)
-        entropy = getattr(self._agent_data, ENTROPY_ATTR, [])[: self.response_length]
-        if len(entropy) != len(output.response_ids):
-            raise RuntimeError(f"entropy/response misaligned: {len(entropy)} != {len(output.response_ids)}")
-        output.extra_fields[RESPONSE_ENTROPY_KEY] = entropy
+        attach_response_entropy(output, getattr(self._agent_data, ENTROPY_ATTR, []), self.response_length)
         return output
 
     async def _handle_generating_state(

@@ -36,6 +36,11 @@ def is_ddp(model: torch.nn.Module) -> bool:
     return isinstance(model, torch.nn.parallel.DistributedDataParallel)
 
 
+def is_multiprocess_ddp(model: torch.nn.Module) -> bool:
+    """DDP-wrapped and running with more than one process (buffers and counts then need an all-reduce)."""
+    return is_ddp(model) and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
+
+
 def model_dtype(model: torch.nn.Module) -> torch.dtype:
     """dtype of the first floating-point parameter."""
     for p in model.parameters():

@@ -20,7 +20,7 @@ import time
 import torch
 from omegaconf import DictConfig
 
-from treetune_verl.probe.components import ParamBuffer, ProbeComponents, is_ddp
+from treetune_verl.probe.components import ParamBuffer, ProbeComponents, is_multiprocess_ddp
 from treetune_verl.probe.config import resolve_config
 from treetune_verl.probe.ground_truth import true_entropy_change
 from treetune_verl.probe.preconditioner import AdamPreconditioner
@@ -47,7 +47,7 @@ def target_units(components: ProbeComponents) -> str:
 
 def _all_reduce_if_distributed(model: torch.nn.Module, buf: ParamBuffer, count: int) -> int:
     """Sum buffers and prompt counts over DDP ranks (no-op on one process). Untested beyond world size 1."""
-    if not (is_ddp(model) and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1):
+    if not is_multiprocess_ddp(model):
         return count
     for tensor in buf.values():
         torch.distributed.all_reduce(tensor)
@@ -120,7 +120,7 @@ def run_mixed_probe(
         **preconditioner.describe(),
     }
     if cfg.ground_truth.enable:
-        if is_ddp(model) and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        if is_multiprocess_ddp(model):
             raise NotImplementedError("ground_truth.enable is not supported under multi-process DDP")
         truth = true_entropy_change(comps, [E_batch], U_batch, mb, optimizer, lr)
         per_sequence = result["target_units"] == "nats per sequence"
