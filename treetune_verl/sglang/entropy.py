@@ -68,12 +68,14 @@ def compute_entropy(logits: torch.Tensor, top_k: int | None = None) -> torch.Ten
     logits = logits.float()
     if top_k is not None and top_k < logits.shape[-1]:
         logits = torch.topk(logits, top_k, dim=-1, sorted=False).values
+    # Two [N, V] temporaries and in-place ops: this runs on the sampler's hot path at every decode step.
     logp = torch.log_softmax(logits, dim=-1)
-    # p * logp is 0 * -inf = NaN at masked tokens; their contribution to the entropy is 0.
-    masked = torch.isneginf(logits)
-    plogp = torch.where(masked, torch.zeros_like(logp), logp.exp() * logp)
-    entropy = -plogp.sum(dim=-1)
-    return entropy.masked_fill(masked.all(dim=-1), float("nan"))
+    p = logp.exp()
+    # Masked tokens have p = 0 and logp = -inf, whose product is NaN; clamping logp to the most negative finite
+    # float makes their term 0 (as sglang does for its logprobs). NaN survives the clamp, so a row that is all
+    # -inf (log_softmax gives NaN throughout) or that contains NaN stays NaN.
+    logp.clamp_(min=torch.finfo(logp.dtype).min)
+    return -p.mul_(logp).sum(dim=-1)
 
 
 class EntropyStore:

@@ -83,6 +83,15 @@ class TestComputeEntropy:
         assert math.isnan(got[0]) and math.isnan(got[1])
         assert got[2].item() == pytest.approx(math.log(5), abs=1e-6)
 
+    @pytest.mark.parametrize("top_k", [None, 3])
+    def test_input_logits_are_left_untouched(self, top_k):
+        # The sampler samples from these very logits after us; the in-place ops must only touch our temporaries.
+        logits = torch.randn(4, 50)
+        logits[0, :10] = float("-inf")
+        before = logits.clone()
+        compute_entropy(logits, top_k)
+        assert torch.equal(logits, before)
+
     @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
     def test_low_precision_input_accumulates_in_float32(self, dtype):
         torch.manual_seed(0)
