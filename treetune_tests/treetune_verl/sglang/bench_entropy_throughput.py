@@ -3,7 +3,7 @@
 """Throughput of a patched sglang Engine (full-vocabulary and top-k entropy) against an unpatched one.
 
     python treetune_tests/treetune_verl/sglang/bench_entropy_throughput.py            # SmolLM2, CPU or GPU
-    python treetune_tests/treetune_verl/sglang/bench_entropy_throughput.py --rounds 30 --window-s 20
+    python treetune_tests/treetune_verl/sglang/bench_entropy_throughput.py --rounds 20 --window-s 20
 
 Four Engines, each in its own worker process (an unpatched one never sees a patch, not even the process-wide
 TokenizerManager one): ``unpatched`` and ``control`` (two identical unpatched Engines: their ratio is the A/A floor
@@ -32,9 +32,9 @@ Engines' thread count) as a share of the unpatched decode step. Writes JSON.
 
 Why not sequential on CPU: on a shared 2-core virtual machine consecutive 15 s runs of one and the same Engine
 differ by 10-15 % (CV) with what the host's other tenants do, and the A/A ratio of two identical Engines read
-0.90-1.03 over 7-9 rounds. Side by side, one 15 s window's A/A ratio has a standard deviation of ~2-4 %, so ~20
-rounds bound the median to about +-2 % (measured while writing this script; pinning each Engine to its own core
-was no better: the two cores of a virtual machine are not equally fast from one second to the next).
+0.90-1.03 over 7-9 rounds. Side by side, one window's A/A ratio has a standard deviation of ~2-4 %, and 10 rounds
+(20 windows per patched variant) bound the median to about +-2 %. Pinning each Engine to its own core was no better.
+Figures and their history: treetune_specs/2026-11-22-sglang-entropy-extraction.md.
 """
 
 from __future__ import annotations
