@@ -50,25 +50,20 @@ import statistics
 import time
 from pathlib import Path
 
-# name -> entropy top-k (None = no patches). The first is the reference every ratio is taken against.
+# name -> entropy top-k (None = no patches). Two unpatched Engines: their ratio is the A/A floor of the method; the
+# sequential schedule takes every ratio against REFERENCE, the paired one against both unpatched Engines.
 VARIANTS = {"unpatched": None, "control": None, "full": 0, "top_k": 20}
 REFERENCE = "unpatched"
 PROMPT = "Write a short story about a robot who learns to paint. Include {i} colours."
-
-
-def _tree(pid: int) -> list:
-    import psutil
-
-    proc = psutil.Process(pid)
-    return [proc, *proc.children(recursive=True)]
 
 
 def _tree_cpu_seconds() -> float:
     """User + system CPU seconds of this process and all its descendants (the Engine's processes)."""
     import psutil
 
+    me = psutil.Process()
     total = 0.0
-    for proc in _tree(os.getpid()):
+    for proc in [me, *me.children(recursive=True)]:
         try:
             times = proc.cpu_times()
         except psutil.NoSuchProcess:
@@ -216,17 +211,12 @@ def run_paired(workers: dict, rounds: int, window_s: float, rng: random.Random) 
 def paired_ratios(rounds: list[list[dict]]) -> dict[str, list[float]]:
     """Per comparison, the ratios of the windows that ran it: each patched variant against each unpatched Engine
     (pooled as ``name/unpatched``), the A/A ``control/unpatched``, and patched against patched."""
-    unpatched = {n for n, top_k in VARIANTS.items() if top_k is None}
+    names = list(VARIANTS)
     ratios: dict[str, list[float]] = {}
     for window in (w for windows in rounds for w in windows):
-        a, b = window["pair"]
-        if a in unpatched and b not in unpatched:
-            key, num, den = f"{b}/unpatched", b, a
-        elif b in unpatched and a not in unpatched:
-            key, num, den = f"{a}/unpatched", a, b
-        else:  # the A/A pair, or two patched variants
-            num, den = (a, b) if list(VARIANTS).index(a) > list(VARIANTS).index(b) else (b, a)
-            key = f"{num}/{den}"
+        # Numerator: the patched Engine of the pair, else the later one in VARIANTS (control/unpatched, top_k/full).
+        num, den = sorted(window["pair"], key=lambda n: (VARIANTS[n] is not None, names.index(n)), reverse=True)
+        key = f"{num}/{'unpatched' if VARIANTS[den] is None else den}"
         ratios.setdefault(key, []).append(window["tokens_per_s"][num] / window["tokens_per_s"][den])
     return ratios
 
