@@ -19,7 +19,7 @@ export PIP_CACHE_DIR      ?= $(CURDIR)/.cache/pip
 export HF_HUB_OFFLINE     := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup run probe test test-fast lint bench bench-probe
+.PHONY: setup run probe test test-fast e2e lint bench bench-probe
 
 setup: $(STAMP)
 
@@ -43,6 +43,15 @@ test: setup
 ## Everything except the tests that start a real sglang Engine.
 test-fast: setup
 	$(PY) -m pytest -m "not engine" $(PYTEST_ARGS)
+
+## A few GRPO steps of verl's own trainer (main_ppo) with rollout entropy, on CPU or GPU, then the acceptance check of
+## outputs/e2e/metrics.jsonl. E2E_MODEL=smollm2|tiny; extra Hydra overrides via ARGS. E2E_VARIANT=full (2 training
+## processes, reference model + KL loss, validation, checkpoint at step 1; outputs/e2e-full/), then E2E_VARIANT=resume
+## (resumes that checkpoint to step 2; outputs/e2e-resume/): see the script's header.
+E2E_MODEL ?= smollm2
+E2E_VARIANT ?= base
+e2e: setup
+	E2E_MODEL=$(E2E_MODEL) E2E_VARIANT=$(E2E_VARIANT) PYTHON=$(PY) bash treetune_tests/e2e/test_entropy_e2e.sh $(ARGS)
 
 lint: setup
 	$(VENV)/bin/pre-commit run --all-files --show-diff-on-failure

@@ -5,7 +5,8 @@
 # Builds the project's CPU environment in $TREETUNE_VENV (default: <repo>/.venv) on a fresh machine:
 # torch 2.13.0 CPU, sglang 0.5.6.post2 (--no-deps) plus what it needs on CPU, verl 0.7.1, test tools,
 # this package (editable, --no-deps) and the CPU import shims (tools/cpu_shims, put on sys.path by a .pth
-# file so that sglang's spawned scheduler processes see them too). Called by `make setup`; idempotent.
+# file so that sglang's spawned scheduler processes see them too), plus the CPU runtime patches for verl's trainer
+# (tools/cpu_shims/verl_cpu, off unless TREETUNE_VERL_CPU_PATCHES=1). Called by `make setup`; idempotent.
 #
 # torch comes from pip (the machine's local CPU wheel; any other torch pulls GBs of CUDA), everything else from
 # uv, which resolves verl's dependency tree in seconds where pip backtracks for many minutes. Caches stay in
@@ -36,6 +37,12 @@ echo "[setup] treetune-verl (editable)"
 
 site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 echo "$ROOT/tools/cpu_shims" > "$site/treetune_cpu_shims.pth"
+# CPU runtime patches for verl's own trainer (tools/cpu_shims/verl_cpu): the import line installs an import hook only
+# when TREETUNE_VERL_CPU_PATCHES=1 (set by treetune_tests/e2e/test_entropy_e2e.sh without CUDA); otherwise it costs
+# one environment lookup per interpreter start. The path line makes it independent of the .pth files' order.
+printf '%s\n%s\n' "$ROOT/tools/cpu_shims" \
+    'import os; os.environ.get("TREETUNE_VERL_CPU_PATCHES") == "1" and __import__("verl_cpu.hook").hook.install()' \
+    > "$site/treetune_verl_cpu.pth"
 
 "$PY" - <<'PY'
 import torch, sglang, verl

@@ -1,6 +1,6 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""verl 0.7.1's ``AgentLoopManager`` serving entropy-carrying rollouts, plus the per-step entropy metrics.
+"""verl 0.7.1's ``AgentLoopManager`` serving entropy-carrying rollouts: where the Hydra block plugs in.
 
 Selected without modifying verl by ``+actor_rollout_ref.rollout.agent.agent_loop_manager_class=
 treetune_verl.agent_loop.EntropyAgentLoopManager`` (``ray_trainer.py:823-844`` loads it by name). ``rollout.name``
@@ -9,45 +9,22 @@ stays ``sglang``: the FSDP workers look the name up in their own registry (``wor
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-import numpy as np
 import ray
-import torch
 from omegaconf import DictConfig
 from verl.experimental.agent_loop.agent_loop import AgentLoopManager, _get_rollout_and_model_config
 from verl.protocol import DataProto
+from verl.utils.ray_utils import auto_await
 
-from treetune_verl.agent_loop.entropy_output import CONFIG_PATH, ROLLOUT_ENTROPY_KEY, check_rollout_config
 from treetune_verl.agent_loop.entropy_worker import EntropyAgentLoopWorker
+from treetune_verl.agent_loop.fields import HAS_ROLLOUT_ENTROPY_KEY, ROLLOUT_ENTROPY_KEY
+from treetune_verl.agent_loop.metrics import ROWS_WITHOUT_ENTROPY_METRIC, rollout_entropy_metrics
+from treetune_verl.agent_loop.trainer_hooks import install_trainer_hooks
+from treetune_verl.rollout.rollout_config import CONFIG_PATH, check_rollout_config
 
-METRIC_PREFIX = "agent_loop/rollout_entropy"
-
-
-def rollout_entropy_metrics(entropy: torch.Tensor, response_mask: torch.Tensor) -> dict[str, float]:
-    """Mean, median, 90th percentile and maximum of the entropy (nats) over model-generated tokens.
-
-    Shape notation: ``B`` = batch, ``R`` = response_length.
-
-    Args:
-        entropy: ``[B, R]`` float, ``batch["rollout_entropy"]``.
-        response_mask: ``[B, R]`` 0/1, ``batch["response_mask"]``; only tokens with 1 count (all pooled together,
-            so a long response weighs more than a short one).
-
-    Returns:
-        ``{"agent_loop/rollout_entropy/{mean,p50,p90,max}": float}`` (percentiles linearly interpolated, as
-        ``numpy.percentile``), or ``{}`` when no token is masked in.
-    """
-    values = entropy[response_mask.bool()].double().cpu().numpy()
-    if values.size == 0:
-        return {}
-    p50, p90 = np.percentile(values, [50, 90])
-    return {
-        f"{METRIC_PREFIX}/mean": float(values.mean()),
-        f"{METRIC_PREFIX}/p50": float(p50),
-        f"{METRIC_PREFIX}/p90": float(p90),
-        f"{METRIC_PREFIX}/max": float(values.max()),
-    }
+logger = logging.getLogger(__name__)
 
 
 class EntropyAgentLoopManager(AgentLoopManager):
@@ -60,14 +37,17 @@ class EntropyAgentLoopManager(AgentLoopManager):
     Metrics: verl's trainer logs nothing from the rollout output except ``meta_info["timing"]``, which
     ``ray_trainer.fit`` merges into ``timing_raw`` and logs as ``timing_s/<key>`` (``compute_timing_metrics``), the
     path verl's own ``agent_loop/*`` statistics take. ``_performance_metrics`` adds
-    ``agent_loop/rollout_entropy/{mean,p50,p90,max}`` there, so they reach every configured logger as
-    ``timing_s/agent_loop/rollout_entropy/...``.
+    ``agent_loop/rollout_entropy/{mean,p50,p90,max,rows_without_entropy}`` there, so they reach every configured
+    logger as ``timing_s/agent_loop/rollout_entropy/...``. What only the trainer sees (the actor's own entropy of the
+    same tokens; validation) is logged by the hooks this manager installs in the trainer's process
+    (``trainer_hooks.py``): ``rollout_entropy/actor_abs_diff/{mean,max}`` and ``val-aux/rollout_entropy/...``.
 
     Raises:
         ValueError: ``rollout.name`` is not ``sglang``, ``calculate_log_probs`` is off, or the entropy section is
             invalid.
         UnsupportedSGLangError: data-parallel sglang, speculative decoding (MTP), pipeline parallelism or
             disaggregation.
+        UnsupportedVerlError: a verl other than 0.7.1 (the trainer hooks would be wrong).
     """
 
     def __init__(
@@ -86,14 +66,53 @@ class EntropyAgentLoopManager(AgentLoopManager):
         check_rollout_config(rollout_config)
         if not hasattr(self, "rollout_replica_class"):
             # Imported here: it imports sglang, which only the processes that start servers need.
-            from treetune_verl.sglang.server import EntropySGLangReplica
+            from treetune_verl.rollout.replica import EntropySGLangReplica
 
             self.rollout_replica_class = EntropySGLangReplica
         if not hasattr(self, "agent_loop_workers_class"):
             self.agent_loop_workers_class = ray.remote(EntropyAgentLoopWorker)
+        install_trainer_hooks()  # this process is the trainer's: fit runs here
+        self._validation_rollouts: list[DataProto] = []
         super().__init__(config, worker_group, rollout_resource_pool, reward_loop_worker_handles)
+
+    @auto_await
+    async def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """The parent's ``generate_sequences``; validation rollouts are also kept for their entropy metrics."""
+        output = await super().generate_sequences(prompts)
+        if prompts.meta_info.get("validate", False):
+            keys = [ROLLOUT_ENTROPY_KEY, "response_mask", HAS_ROLLOUT_ENTROPY_KEY]
+            self._validation_rollouts.append(output.select(batch_keys=keys, non_tensor_batch_keys=[]))
+        return output
+
+    def take_validation_metrics(self) -> dict[str, float]:
+        """Rollout-entropy metrics over every validation rollout since the last call (``{}`` if none).
+
+        verl's ``_validate`` logs nothing of the generation output but rewards; the trainer hook
+        (``trainer_hooks.py``) calls this at the end of each validation and logs the result as
+        ``val-aux/rollout_entropy/...``.
+        """
+        rollouts, self._validation_rollouts = self._validation_rollouts, []
+        if not rollouts:
+            return {}
+        batch = DataProto.concat(rollouts).batch
+        return rollout_entropy_metrics(
+            batch[ROLLOUT_ENTROPY_KEY], batch["response_mask"], batch.get(HAS_ROLLOUT_ENTROPY_KEY)
+        )
 
     def _performance_metrics(self, metrics: list[list[dict[str, Any]]], output: DataProto) -> dict[str, float]:
         timing = super()._performance_metrics(metrics, output)
-        timing.update(rollout_entropy_metrics(output.batch[ROLLOUT_ENTROPY_KEY], output.batch["response_mask"]))
+        batch = output.batch
+        entropy_metrics = rollout_entropy_metrics(
+            batch[ROLLOUT_ENTROPY_KEY], batch["response_mask"], batch.get(HAS_ROLLOUT_ENTROPY_KEY, None)
+        )
+        if entropy_metrics.get(ROWS_WITHOUT_ENTROPY_METRIC) and not getattr(self, "_warned_rows_without", False):
+            self._warned_rows_without = True
+            logger.warning(
+                "%d of %d rollout rows came from agent loops that carry no entropy (stock verl loops?); they are "
+                "marked has_rollout_entropy=False and left out of the entropy metrics. Use the entropy loops: "
+                "README, 'Rollout entropy in verl'.",
+                int(entropy_metrics[ROWS_WITHOUT_ENTROPY_METRIC]),
+                len(batch[ROLLOUT_ENTROPY_KEY]),
+            )
+        timing.update(entropy_metrics)
         return timing

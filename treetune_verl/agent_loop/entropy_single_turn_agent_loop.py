@@ -1,6 +1,11 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""verl 0.7.1's single-turn agent loop, with the served per-token entropy carried next to the response."""
+"""verl 0.7.1's single-turn agent loop, with the served per-token entropy carried next to the response.
+
+On the entropy's path it sits between the server's ``EntropyTokenOutput`` (seen through ``EntropyRecorder``) and
+the worker, which reads ``AgentLoopOutput.extra_fields["response_entropy"]``. Registered as
+``entropy_single_turn_agent``.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, register
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 
-from treetune_verl.agent_loop.entropy_output import EntropyRecorder, attach_response_entropy
+from treetune_verl.agent_loop.recorder import EntropyRecorder, attach_response_entropy
 
 
 @register("entropy_single_turn_agent")

@@ -1,6 +1,10 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""verl 0.7.1's tool agent loop, with the served per-token entropy carried next to the response."""
+"""verl 0.7.1's tool agent loop, with the served per-token entropy carried next to the response.
+
+On the entropy's path it sits between the server's ``EntropyTokenOutput`` (seen through ``EntropyRecorder``) and
+the worker; tool and user tokens get 0.0, model turns their served values. Registered as ``entropy_tool_agent``.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +13,9 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, register
 from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, ToolAgentLoop
 
-from treetune_verl.agent_loop.entropy_output import EntropyRecorder, attach_response_entropy
+from treetune_verl.agent_loop.recorder import EntropyRecorder, attach_response_entropy
 
-ENTROPY_ATTR = "response_entropy"  # list[float] on AgentData, aligned with AgentData.response_mask
+AGENT_DATA_ENTROPY_ATTR = "response_entropy"  # list[float] on AgentData, aligned with AgentData.response_mask
 
 
 @register("entropy_tool_agent")
@@ -40,7 +44,7 @@ class EntropyToolAgentLoop(ToolAgentLoop):
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         output = await super().run(sampling_params, **kwargs)
-        attach_response_entropy(output, getattr(self._agent_data, ENTROPY_ATTR, []), self.response_length)
+        attach_response_entropy(output, getattr(self._agent_data, AGENT_DATA_ENTROPY_ATTR, []), self.response_length)
         return output
 
     async def _handle_generating_state(
@@ -66,7 +70,7 @@ class EntropyToolAgentLoop(ToolAgentLoop):
     def _extend(self, agent_data: AgentData, start: int, served: list[float] | None) -> None:
         """Give the ``response_mask`` growth since ``start`` its entropy (``served``, or 0.0 when ``None``)."""
         self._agent_data = agent_data
-        entropy: list[float] = agent_data.__dict__.setdefault(ENTROPY_ATTR, [])
+        entropy: list[float] = agent_data.__dict__.setdefault(AGENT_DATA_ENTROPY_ATTR, [])
         grown = len(agent_data.response_mask) - start
         if len(entropy) != start:
             raise RuntimeError(f"entropy/response_mask misaligned before a turn: {len(entropy)} != {start}")

@@ -1,6 +1,11 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""verl 0.7.1's ``AgentLoopWorker`` that also puts ``rollout_entropy`` into the generated ``DataProto``."""
+"""verl 0.7.1's ``AgentLoopWorker`` that also puts ``rollout_entropy`` into the generated ``DataProto``.
+
+On the entropy's path it sits after the agent loops (whose ``extra_fields["response_entropy"]`` it pads to
+``[1, response_length]`` per sample) and before the manager, which concatenates the workers' batches and logs
+the metrics. Importing it registers the entropy agent loops in the worker process.
+"""
 
 from __future__ import annotations
 
@@ -12,14 +17,15 @@ from verl.protocol import DataProto
 
 # Importing the loops registers their names in this process's verl agent-loop registry.
 from treetune_verl.agent_loop import entropy_single_turn_agent_loop, entropy_tool_agent_loop  # noqa: F401
-from treetune_verl.agent_loop.entropy_output import RESPONSE_ENTROPY_KEY, ROLLOUT_ENTROPY_KEY
+from treetune_verl.agent_loop.fields import HAS_ROLLOUT_ENTROPY_KEY, RESPONSE_ENTROPY_KEY, ROLLOUT_ENTROPY_KEY
 
 
 def pad_response_entropy(entropy: list[float] | None, num_tokens: int, response_length: int) -> torch.Tensor:
     """``[1, response_length]`` float32 entropies (nats), right-padded with 0.0 like verl pads ``responses``.
 
     ``entropy`` is ``None`` for a loop that carries none (a stock verl loop): all zeros then, so that every
-    worker's batch has the key and ``DataProto.concat`` across workers works.
+    worker's batch has the key and ``DataProto.concat`` across workers works; the worker marks such rows in
+    ``batch["has_rollout_entropy"]``.
     """
     row = torch.zeros(1, response_length, dtype=torch.float32)
     if entropy is None:
@@ -37,8 +43,9 @@ class EntropyAgentLoopWorker(AgentLoopWorker):
     """Adds ``batch["rollout_entropy"]``: float32 ``[batch, response_length]``, nats, aligned with ``responses``.
 
     Non-zero exactly where a model-generated token sits (``response_mask == 1``, up to a served entropy of exactly
-    0.0); 0.0 at tool/user tokens, at padding, and for samples from loops that carry no entropy. The key is always
-    emitted; nothing is added to ``non_tensor_batch``.
+    0.0); 0.0 at tool/user tokens, at padding, and for samples from loops that carry no entropy. Those samples are
+    marked ``False`` in ``batch["has_rollout_entropy"]`` (bool ``[batch]``): their zeros are not measured entropies,
+    and the metrics leave them out. Both keys are always emitted; nothing is added to ``non_tensor_batch``.
 
     Both overrides call the parent: ``response_entropy`` is popped from the loop's ``extra_fields`` before
     ``_agent_loop_postprocess`` (which would hand it to the reward workers) and the padded row is popped again
@@ -51,6 +58,7 @@ class EntropyAgentLoopWorker(AgentLoopWorker):
         internal.extra_fields[ROLLOUT_ENTROPY_KEY] = pad_response_entropy(
             entropy, len(output.response_ids), self.rollout_config.response_length
         )
+        internal.extra_fields[HAS_ROLLOUT_ENTROPY_KEY] = entropy is not None
         return internal
 
     def _postprocess(
@@ -59,6 +67,8 @@ class EntropyAgentLoopWorker(AgentLoopWorker):
         response_length = self.rollout_config.response_length
         rows = [item.extra_fields.pop(ROLLOUT_ENTROPY_KEY, None) for item in inputs]
         rows = [row if row is not None else pad_response_entropy(None, 0, response_length) for row in rows]
+        has_entropy = [bool(item.extra_fields.pop(HAS_ROLLOUT_ENTROPY_KEY, False)) for item in inputs]
         data = super()._postprocess(inputs, input_non_tensor_batch=input_non_tensor_batch)
         data.batch[ROLLOUT_ENTROPY_KEY] = torch.cat(rows, dim=0)
+        data.batch[HAS_ROLLOUT_ENTROPY_KEY] = torch.tensor(has_entropy, dtype=torch.bool)
         return data

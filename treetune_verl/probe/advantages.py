@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import torch
 
+from treetune_verl.probe.batch import check_group_size
+
 
 def group_advantages(rewards: torch.Tensor, estimator: str, eps: float = 1e-6) -> torch.Tensor:
     """``[B, G]`` rewards -> ``[B, G]`` fp32 advantages; G >= 2 (the group mean is the baseline)."""
     if rewards.dim() != 2:
         raise ValueError(f"rewards must be [B, G], got shape {list(rewards.shape)}")
-    G = rewards.shape[1]
-    if G < 2:
-        raise ValueError(
-            f"advantage.estimator={estimator!r} baselines each response by its group: needs G >= 2, got {G}"
-        )
+    check_group_size(rewards.shape[1], f"advantage.estimator={estimator}", "the group mean as baseline")
     r = rewards.double()
     centred = r - r.mean(dim=1, keepdim=True)
     if estimator == "dr_grpo":

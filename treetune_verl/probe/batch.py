@@ -44,6 +44,12 @@ import torch
 BATCH_KEYS = ("sequences", "attention_masks", "prompt_lens", "advantages", "max_lengths")
 
 
+def check_group_size(G: int, setting: str, baseline: str) -> None:
+    """Raise ``ValueError`` unless G >= 2: ``setting`` (``key=value``) baselines each response by ``baseline``."""
+    if G < 2:
+        raise ValueError(f"{setting} uses {baseline} over the G responses of a prompt: needs batch.G >= 2, got G={G}")
+
+
 def make_probe_batch(
     prompt_ids: Sequence[Sequence[int]],
     response_ids: Sequence[Sequence[Sequence[int]]],

@@ -5,7 +5,7 @@
 Buffers are ``dict[parameter name -> tensor]`` over the trainable parameters, in ``probe.buffers_dtype`` (fp32 by
 default) on ``probe.buffers_device`` (CPU by default, so they cost no accelerator memory). Each microbatch runs one
 forward, builds a surrogate loss (``estimators.py``), calls ``backward()`` and adds ``.grad`` into the buffer. Buffers
-hold SUMS over prompts, so the microbatch size changes nothing but memory; ``run_mixed_probe`` takes the means.
+hold SUMS over prompts, so the microbatch size changes nothing but memory; ``mixed_probe`` takes the means.
 
 Side effects: none on the model beyond the passes themselves. Existing ``.grad`` tensors are stashed and restored,
 the train/eval mode is restored (passes run in eval mode: the policy that sampled the responses has no dropout), and
@@ -22,12 +22,10 @@ import torch
 from omegaconf import DictConfig
 
 from treetune_verl.probe.batch import iter_microbatches, validate_probe_batch
-from treetune_verl.probe.config import resolve_config
+from treetune_verl.probe.config import DTYPES, resolve_config
 from treetune_verl.probe.estimators import ResidualBaseline, naive_x_loss, rb_residual_x_loss, y_loss
 from treetune_verl.probe.preconditioner import AdamPreconditioner
 from treetune_verl.probe.teacher_forcing import TeacherForced, teacher_force
-
-_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 ParamBuffer = dict[str, torch.Tensor]
 
@@ -94,7 +92,7 @@ class ProbeComponents:
         self.baseline_mode = str(cfg.estimator.baseline.mode)
         self.rb_normalize_by_length = bool(cfg.estimator.rb_normalize_by_length)
         self.weighting_mode = str(cfg.probe.weighting_mode)
-        self.buffers_dtype = _DTYPES[str(cfg.probe.buffers_dtype)]
+        self.buffers_dtype = DTYPES[str(cfg.probe.buffers_dtype)]
         self.buffers_device = self.params[0].device if cfg.probe.buffers_device == "model" else torch.device("cpu")
         self.baseline = ResidualBaseline(float(cfg.estimator.baseline.ema_decay))
         self.last_timing: dict[str, float] = {}
@@ -193,12 +191,7 @@ class ProbeComponents:
         Raises:
             ValueError: bad batch layout/shapes, an empty response, or G < 2 with the naive (leave-one-out) estimator.
         """
-        B, G, P = validate_probe_batch(E_batch, "E_batch")
-        if self.x_mode == "naive" and G < 2:
-            raise ValueError(
-                f"estimator.x_estimator_mode=naive uses a leave-one-out baseline over the G responses of a prompt: "
-                f"needs G >= 2, got G={G}"
-            )
+        B, _, P = validate_probe_batch(E_batch, "E_batch")
         start = time.perf_counter()
         R = E_batch["sequences"].shape[-1] - P
         if self.x_mode == "naive":

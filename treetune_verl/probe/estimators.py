@@ -33,13 +33,15 @@ s_j alone can be subtracted from Σ_{k>=j} H_k =: G_j, because E[∇log π(y_j|s
 
 μ_j (``residual_mu``) is a per-position running mean of the residual G_j - H_j = Σ_{k>j} H_k from PREVIOUS batches
 (see ``ResidualBaseline``); ``none`` uses μ = 0. Dividing by the per-prompt L_max keeps it unbiased; dividing each
-sequence by its own random length (seed 004) would not.
+sequence by its own random length (as one might be tempted to) would not: the length is random and correlated with the
+score function.
 """
 
 from __future__ import annotations
 
 import torch
 
+from treetune_verl.probe.batch import check_group_size
 from treetune_verl.probe.teacher_forcing import TeacherForced
 
 
@@ -58,8 +60,7 @@ def naive_x_loss(tf: TeacherForced, max_lengths: torch.Tensor, weighting_mode: s
     """
     S, L = sequence_stats(tf)
     b, G = S.shape
-    if G < 2:
-        raise ValueError(f"estimator.x_estimator_mode=naive uses a leave-one-out baseline: needs G >= 2, got G={G}")
+    check_group_size(G, "estimator.x_estimator_mode=naive", "a leave-one-out baseline")
     lmax = max_lengths.to(S.device, torch.float32).view(b, 1)
     with torch.no_grad():
         if weighting_mode == "dr_grpo":

@@ -20,14 +20,18 @@ batch-mean baseline), and it includes every higher-order and optimizer effect of
 update, momentum, weight decay). It is exact in the limit G → ∞ per prompt; with top-p, tokens that enter the nucleus
 at θ′ but were outside it at θ are never sampled (a bias of the size of their θ′ mass, zero for small steps).
 
-Snapshot/restore: trainable parameters are cloned and the optimizer state is deep-copied before the step and copied
-back afterwards, so weights and optimizer state are bit-identical on return; ``.grad`` and train/eval mode too.
+Snapshot/restore (``temporary_step``): trainable parameters are cloned and the optimizer state is deep-copied
+before the step and copied back afterwards, so weights and optimizer state are bit-identical on return; ``.grad`` and
+train/eval mode too. The optimizer-state warm-up (``optimizers.warm_up_optimizer_state``) uses the same context and
+keeps the state.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
+from collections.abc import Iterator
 
 import torch
 
@@ -35,6 +39,9 @@ from treetune_verl.probe.batch import iter_microbatches, validate_probe_batch
 from treetune_verl.probe.components import ProbeComponents, probe_pass_context
 from treetune_verl.probe.estimators import y_loss
 from treetune_verl.probe.teacher_forcing import teacher_force
+
+# Per-E-batch values of ``true_entropy_change``: nats per L_max token, except ``_per_sequence``; ESS out of G.
+TRUTH_KEYS = ("deltaH_true", "deltaH_true_per_sequence", "H_before", "H_after", "min_ess")
 
 
 @torch.no_grad()
@@ -72,6 +79,41 @@ def real_step(
     return time.perf_counter() - start
 
 
+@contextlib.contextmanager
+def temporary_step(
+    components: ProbeComponents,
+    U_batch: dict[str, torch.Tensor],
+    mb_size_prompts: int,
+    optimizer: torch.optim.Optimizer,
+    keep_optimizer_state: bool = False,
+) -> Iterator[float]:
+    """``real_step`` on U on entry (yields its seconds), undone on exit.
+
+    Every parameter the probe or ``optimizer`` holds is cloned before the step and copied back on exit
+    (bit-identical); so is a deep copy of ``optimizer.state_dict()`` unless ``keep_optimizer_state``.
+    """
+    stepped = list(components.params)  # the optimizer may hold parameters the probe does not (frozen now, say)
+    known = {id(p) for p in stepped}
+    stepped += [p for group in optimizer.param_groups for p in group["params"] if id(p) not in known]
+    param_snapshot = [p.detach().clone() for p in stepped]
+    opt_snapshot = None if keep_optimizer_state else copy.deepcopy(optimizer.state_dict())
+    try:
+        with probe_pass_context(components.model, components.params):
+            train_step_s = real_step(components, U_batch, mb_size_prompts, optimizer)
+        yield train_step_s
+    finally:
+        with torch.no_grad():
+            for p, saved in zip(stepped, param_snapshot, strict=True):
+                p.copy_(saved)
+        if opt_snapshot is not None:
+            optimizer.load_state_dict(opt_snapshot)
+
+
+def truth_of_batch(truth: dict[str, object], index: int) -> dict[str, float]:
+    """The ``TRUTH_KEYS`` values of ``true_entropy_change``'s E batch number ``index``."""
+    return {key: truth[key][index] for key in TRUTH_KEYS}
+
+
 def true_entropy_change(
     components: ProbeComponents,
     E_batches: list[dict[str, torch.Tensor]],
@@ -88,32 +130,12 @@ def true_entropy_change(
         size of the weights, out of G); and ``train_step_s``, ``ground_truth_s`` (seconds).
     """
     start = time.perf_counter()
-    model, params = components.model, components.params
     before = [sequence_entropy_stats(components, E, mb_size_prompts) for E in E_batches]
-
-    opt = optimizer if optimizer is not None else torch.optim.SGD(params, lr=lr)
-    stepped = list(params)  # the optimizer may hold parameters the probe does not (frozen now, say)
-    known = {id(p) for p in stepped}
-    stepped += [p for group in opt.param_groups for p in group["params"] if id(p) not in known]
-    param_snapshot = [p.detach().clone() for p in stepped]
-    opt_snapshot = copy.deepcopy(opt.state_dict())
-    try:
-        with probe_pass_context(model, params):
-            train_step_s = real_step(components, U_batch, mb_size_prompts, opt)
+    opt = optimizer if optimizer is not None else torch.optim.SGD(components.params, lr=lr)
+    with temporary_step(components, U_batch, mb_size_prompts, opt) as train_step_s:
         after = [sequence_entropy_stats(components, E, mb_size_prompts) for E in E_batches]
-    finally:
-        with torch.no_grad():
-            for p, saved in zip(stepped, param_snapshot, strict=True):
-                p.copy_(saved)
-        opt.load_state_dict(opt_snapshot)
 
-    out: dict[str, list[float]] = {
-        "deltaH_true": [],
-        "deltaH_true_per_sequence": [],
-        "H_before": [],
-        "H_after": [],
-        "min_ess": [],
-    }
+    out: dict[str, list[float]] = {key: [] for key in TRUTH_KEYS}
     for E, (S0, F0), (S1, F1) in zip(E_batches, before, after, strict=True):
         lmax = E["max_lengths"].double()  # [B]
         weights = torch.softmax(S1 - S0, dim=1)  # [B, G]

@@ -1,6 +1,6 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""``run_mixed_probe``: ΔH₁ = lr · ⟨X̄, P Ȳ⟩ from an evaluation batch E and an update batch U.
+"""``run_mixed_probe``: ΔH₁ = lr · ⟨X̄, P Ȳ⟩ from an evaluation batch E and an update batch U, and its pieces.
 
     X̄ = (1/B_E) Σ_{b∈E} X_b   estimates ∇ mean_b H_seq(x_b)/L_max(x_b)  (nats per L_max token; per sequence for
                                rb_residual with rb_normalize_by_length=false)
@@ -10,19 +10,26 @@
 For SGD, θ′ - θ = lr·Ȳ; for Adam with β1 = 0, θ′ - θ = lr·P(Ȳ) up to the second-moment update (see
 ``preconditioner.py``), so ΔH₁ is the first-order change of the target entropy; ΔH₁ > 0 means the step raises it.
 X̄ and Ȳ come from independent batches, so ⟨X̄, PȲ⟩ is unbiased for ⟨∇H, P ∇J_U⟩ given U.
+
+Pieces (``run_mixed_probe`` is built from them; the main job reuses one ``estimate_mean_Y`` per U batch across E
+batches and estimators, and one ground-truth step across E batches, through ``run_mixed_probe``'s keyword extras):
+``estimate_mean_X`` → X̄, ``estimate_mean_Y`` → P Ȳ, ``predict_deltaH1`` → ⟨X̄, P Ȳ⟩ and ΔH₁.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 from omegaconf import DictConfig
 
 from treetune_verl.probe.components import ParamBuffer, ProbeComponents, is_multiprocess_ddp
 from treetune_verl.probe.config import resolve_config
-from treetune_verl.probe.ground_truth import true_entropy_change
+from treetune_verl.probe.ground_truth import true_entropy_change, truth_of_batch
 from treetune_verl.probe.preconditioner import AdamPreconditioner
 
 logger = logging.getLogger(__name__)
@@ -57,7 +64,65 @@ def _all_reduce_if_distributed(model: torch.nn.Module, buf: ParamBuffer, count: 
 
 
 def buffer_norm(buf: ParamBuffer) -> float:
+    """Euclidean norm over every tensor of ``buf`` (fp64 accumulation)."""
     return float(sum(t.double().pow(2).sum() for t in buf.values()) ** 0.5)
+
+
+@dataclass(frozen=True)
+class MeanY:
+    """P Ȳ for one U batch, reusable across E batches and estimators.
+
+    Attributes:
+        buffer: P Ȳ keyed by parameter name, each tensor shaped like its parameter (``probe.buffers_dtype`` on
+            ``probe.buffers_device``); units of ∇J.
+        B_U: prompts in U (summed over DDP ranks).
+        preconditioner: ``AdamPreconditioner.describe()`` of the P applied.
+        seconds: time of the Y passes.
+    """
+
+    buffer: ParamBuffer
+    B_U: int
+    preconditioner: dict[str, object]
+    seconds: float
+
+    @functools.cached_property
+    def norm(self) -> float:
+        """‖P Ȳ‖, computed once on first use (a pass over every parameter)."""
+        return buffer_norm(self.buffer)
+
+
+def estimate_mean_X(
+    components: ProbeComponents, E_batch: dict[str, torch.Tensor], mb_size_prompts: int
+) -> tuple[ParamBuffer, int]:
+    """``(X̄, B_E)``: the mean over E's prompts of X_b (estimator per ``components.x_mode``), all ranks.
+
+    X̄ is keyed by parameter name; units per ``target_units(components)`` per unit of θ. Updates the ``residual_mu``
+    baseline once; ``components.last_timing["X_s"]`` holds the time of the passes.
+    """
+    sum_X, B_E = components.accumulate_sum_X(E_batch, mb_size_prompts)
+    B_E = _all_reduce_if_distributed(components.model, sum_X, B_E)
+    return components.scale_buffer(sum_X, 1.0 / max(B_E, 1)), B_E
+
+
+def estimate_mean_Y(
+    components: ProbeComponents,
+    U_batch: dict[str, torch.Tensor],
+    mb_size_prompts: int,
+    optimizer: torch.optim.Optimizer | None,
+) -> MeanY:
+    """P Ȳ over U's prompts, P read from ``optimizer``'s state now (identity for non-Adam or ``None``), all ranks."""
+    preconditioner = AdamPreconditioner(optimizer, components.params)
+    sum_Y, B_U = components.accumulate_sum_Y(U_batch, mb_size_prompts, preconditioner)
+    seconds = components.last_timing["Y_s"]
+    B_U = _all_reduce_if_distributed(components.model, sum_Y, B_U)
+    mean_Y = components.scale_buffer(sum_Y, 1.0 / max(B_U, 1))
+    return MeanY(mean_Y, B_U, preconditioner.describe(), seconds)
+
+
+def predict_deltaH1(mean_X: ParamBuffer, mean_Y: MeanY, lr: float) -> tuple[float, float]:
+    """``(bars_dot, deltaH1)``: ⟨X̄, P Ȳ⟩ (fp64) and ΔH₁ = lr · ⟨X̄, P Ȳ⟩ in X̄'s target units (nats)."""
+    bars_dot = ProbeComponents.dot_param_buffers(mean_X, mean_Y.buffer)
+    return bars_dot, lr * bars_dot
 
 
 def run_mixed_probe(
@@ -67,6 +132,10 @@ def run_mixed_probe(
     config: DictConfig | dict | None,
     optimizer: torch.optim.Optimizer | None = None,
     components: ProbeComponents | None = None,
+    *,
+    mean_Y: MeanY | None = None,
+    ground_truth: Mapping[str, float] | None = None,
+    log_level: int = logging.INFO,
 ) -> dict[str, object]:
     """Estimate ΔH₁ for one optimizer step on ``U_batch``, with ∇H estimated on ``E_batch``.
 
@@ -79,11 +148,16 @@ def run_mixed_probe(
         optimizer: the optimizer whose next step is probed (Adam/AdamW state → P; anything else → identity). With
             ``ground_truth.enable`` its step is taken and undone; without one, SGD(``optimizer.lr``) is used.
         components: reuse a ``ProbeComponents`` across calls (keeps the ``residual_mu`` baseline warm).
+        mean_Y: ``estimate_mean_Y`` of ``U_batch`` already taken (same optimizer state): the Y passes are skipped.
+        ground_truth: ``ground_truth.truth_of_batch`` of U's step measured on ``E_batch``: used instead of taking
+            the step again (with or without ``ground_truth.enable``).
+        log_level: level of the one-line summary (the main job logs it at DEBUG, beside its table).
 
     Returns:
         dict: ``bars_dot``, ``deltaH1``, ``B_E``, ``B_U``, ``lr``, estimator settings, ``preconditioner``,
         ``params_without_state``, ``norm_X``/``norm_Y`` (of X̄ and P Ȳ), ``target_units``, ``timing`` (seconds per
-        phase) and, with ground truth, ``deltaH_true``, ``H_before``, ``H_after``, ``min_ess``.
+        phase this call ran) and, with ground truth, ``deltaH_true`` (in ``target_units``), ``H_before``,
+        ``H_after``, ``min_ess``.
     """
     cfg = resolve_config(config)
     start = time.perf_counter()
@@ -91,24 +165,19 @@ def run_mixed_probe(
     lr = resolve_lr(cfg, optimizer)
     mb = int(cfg.probe.mb_size_prompts)
 
-    sum_X, B_E = comps.accumulate_sum_X(E_batch, mb)
+    mean_X, B_E = estimate_mean_X(comps, E_batch, mb)
     timing = dict(comps.last_timing)
-    B_E = _all_reduce_if_distributed(model, sum_X, B_E)
-    preconditioner = AdamPreconditioner(optimizer, comps.params)
-    sum_Y, B_U = comps.accumulate_sum_Y(U_batch, mb, preconditioner)
-    timing.update(comps.last_timing)
-    B_U = _all_reduce_if_distributed(model, sum_Y, B_U)
-
+    if mean_Y is None:
+        mean_Y = estimate_mean_Y(comps, U_batch, mb, optimizer)
+        timing["Y_s"] = mean_Y.seconds
     dot_start = time.perf_counter()
-    mean_X = comps.scale_buffer(sum_X, 1.0 / max(B_E, 1))
-    mean_Y = comps.scale_buffer(sum_Y, 1.0 / max(B_U, 1))
-    bars_dot = comps.dot_param_buffers(mean_X, mean_Y)
+    bars_dot, deltaH1 = predict_deltaH1(mean_X, mean_Y, lr)
     timing["dot_s"] = time.perf_counter() - dot_start
     result: dict[str, object] = {
         "bars_dot": bars_dot,
-        "deltaH1": lr * bars_dot,
+        "deltaH1": deltaH1,
         "B_E": B_E,
-        "B_U": B_U,
+        "B_U": mean_Y.B_U,
         "lr": lr,
         "x_estimator_mode": comps.x_mode,
         "baseline_mode": comps.baseline_mode if comps.x_mode == "rb_residual" else "leave_one_out",
@@ -116,32 +185,34 @@ def run_mixed_probe(
         "rb_normalize_by_length": comps.rb_normalize_by_length if comps.x_mode == "rb_residual" else None,
         "target_units": target_units(comps),
         "norm_X": buffer_norm(mean_X),
-        "norm_Y": buffer_norm(mean_Y),
-        **preconditioner.describe(),
+        "norm_Y": mean_Y.norm,
+        **mean_Y.preconditioner,
     }
-    if cfg.ground_truth.enable:
+    if ground_truth is None and cfg.ground_truth.enable:
         if is_multiprocess_ddp(model):
             raise NotImplementedError("ground_truth.enable is not supported under multi-process DDP")
-        truth = true_entropy_change(comps, [E_batch], U_batch, mb, optimizer, lr)
+        measured = true_entropy_change(comps, [E_batch], U_batch, mb, optimizer, lr)
+        ground_truth = truth_of_batch(measured, 0)
+        timing["ground_truth_s"] = measured["ground_truth_s"]
+        timing["train_step_s"] = measured["train_step_s"]
+    if ground_truth is not None:
         per_sequence = result["target_units"] == "nats per sequence"
-        result["deltaH_true"] = truth["deltaH_true_per_sequence" if per_sequence else "deltaH_true"][0]
-        result["H_before"] = truth["H_before"][0]
-        result["H_after"] = truth["H_after"][0]
-        result["min_ess"] = truth["min_ess"][0]
-        timing["ground_truth_s"] = truth["ground_truth_s"]
-        timing["train_step_s"] = truth["train_step_s"]
+        result["deltaH_true"] = ground_truth["deltaH_true_per_sequence" if per_sequence else "deltaH_true"]
+        for key in ("H_before", "H_after", "min_ess"):
+            result[key] = ground_truth[key]
     timing["total_s"] = time.perf_counter() - start
     result["timing"] = timing
 
-    logger.info(
+    logger.log(
+        log_level,
         "mixed probe [%s, baseline=%s, P=%s]: B_E=%d B_U=%d bars_dot=%.10f deltaH1=%.10f%s",
         comps.x_mode,
         result["baseline_mode"],
         result["preconditioner"],
         B_E,
-        B_U,
+        mean_Y.B_U,
         bars_dot,
-        result["deltaH1"],
+        deltaH1,
         f" deltaH_true={result['deltaH_true']:.10f}" if "deltaH_true" in result else "",
     )
     return result

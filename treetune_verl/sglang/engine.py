@@ -1,6 +1,8 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""Turn entropy extraction on for sglang Engines started from this process.
+"""Turn entropy extraction on for sglang Engines started from this process, and the arguments to start one on CPU.
+
+The user's entry point to the sglang side (the verl side calls it too, from its server's ``launch_server``):
 
     from treetune_verl.sglang.engine import install
     install(top_k=0, mode="raw")          # before sglang.Engine(...)
@@ -19,17 +21,18 @@ from __future__ import annotations
 
 import functools
 
-from treetune_verl.sglang.entropy import EntropyConfig, apply_parent_patches, custom_run_scheduler_process
+from treetune_verl.sglang.config import EntropyConfig
 from treetune_verl.sglang.patching import check_sglang_version, check_signature, replace_attr
+from treetune_verl.sglang.scheduler_process import custom_run_scheduler_process
+from treetune_verl.sglang.server_args import check_server_args
+from treetune_verl.sglang.tokenizer_patches import apply_tokenizer_patches
 
-_LAUNCH_PARAMS = ("server_args", "port_args")
+_LAUNCH_PARAMS = ("server_args", "port_args")  # sglang 0.5.6.post2 entrypoints/engine.py _launch_subprocesses
 
 
 def _wrap_launch(original):
     @functools.wraps(original)
     def _launch_subprocesses(server_args, port_args=None):
-        from treetune_verl.sglang.scheduler_patches import check_server_args
-
         check_server_args(server_args)
         return original(server_args, port_args)
 
@@ -46,7 +49,7 @@ def install(top_k: int | None = 0, mode: str = "raw") -> EntropyConfig:
     config.export()
     engine_mod.run_scheduler_process = custom_run_scheduler_process
     replace_attr(engine_mod, "_launch_subprocesses", _wrap_launch)
-    apply_parent_patches()
+    apply_tokenizer_patches()
     return config
 
 

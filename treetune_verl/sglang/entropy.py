@@ -1,48 +1,20 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""Per-token sampling entropy from sglang 0.5.6.post2: the public engine-side API.
+"""The entropy formula: per-row entropy of a next-token distribution, from logits, in nats.
 
-One entropy value (nats) per generated token reaches ``meta_info["output_token_entropy"]``, aligned
-index-for-index with ``meta_info["output_token_logprobs"]`` (returned only with ``return_logprob=True``).
-Spec: ``treetune_specs/2026-11-22-sglang-entropy-extraction.md``; patch points: ``agent-docs/sglang-engine-guide.md``.
-
-Public names:
-    compute_entropy(logits, top_k=None)      entropy of softmax(logits) per row, float32
-    EntropyStore                             per-request values with a send offset (scheduler process)
-    EntropyConfig                            top-k and mode, crossing the spawn boundary as env vars
-    custom_run_scheduler_process(...)        sglang's run_scheduler_process, with our patches applied first
-    apply_parent_patches()                   TokenizerManager patches in the process that owns the Engine
-
-Configuration crosses the spawn boundary as environment variables read in the scheduler process:
-    TREETUNE_ENTROPY_TOP_K   0 (default) = full vocabulary; k > 0 = entropy of the renormalised top-k
-    TREETUNE_ENTROPY_MODE    raw (default): softmax(logits) before temperature;
-                             tempered: softmax(logits / T) with each request's temperature T, the distribution
-                             that sglang's returned logprobs and verl's actor entropy refer to (top-p/top-k/min-p
-                             truncation of the sampler is not applied in either mode)
+Where the entropy's path starts: the patched Sampler (``sampler.py``) calls :func:`entropy_for_sampling` on the raw
+logits of every batch that wants logprobs. To change what "entropy" means (another truncation, another temperature
+rule), change this module; everything downstream only moves the numbers.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
-from typing import Literal
+import importlib
+import warnings
 
 import torch
 
-ENV_TOP_K = "TREETUNE_ENTROPY_TOP_K"
-ENV_MODE = "TREETUNE_ENTROPY_MODE"
-EntropyMode = Literal["raw", "tempered"]
-ENTROPY_MODES: tuple[str, ...] = ("raw", "tempered")
-
-
-def _validate_top_k(top_k: object) -> int | None:
-    if top_k is None:
-        return None
-    if isinstance(top_k, bool) or not isinstance(top_k, int):
-        raise ValueError(f"top_k must be a non-negative int or None, got {top_k!r} ({type(top_k).__name__})")
-    if top_k < 0:
-        raise ValueError(f"top_k must be >= 0 (0 = full vocabulary), got {top_k}")
-    return top_k or None
+from treetune_verl.sglang.config import EntropyConfig, validate_top_k
 
 
 @torch.no_grad()
@@ -64,7 +36,7 @@ def compute_entropy(logits: torch.Tensor, top_k: int | None = None) -> torch.Ten
     Raises:
         ValueError: for a negative or non-integer ``top_k``.
     """
-    top_k = _validate_top_k(top_k)
+    top_k = validate_top_k(top_k)
     logits = logits.float()
     if top_k is not None and top_k < logits.shape[-1]:
         logits = torch.topk(logits, top_k, dim=-1, sorted=False).values
@@ -78,101 +50,38 @@ def compute_entropy(logits: torch.Tensor, top_k: int | None = None) -> torch.Ten
     return -p.mul_(logp).sum(dim=-1)
 
 
-class EntropyStore:
-    """Per-request entropy values (nats) with an incremental send offset, kept in the scheduler process.
+def entropy_for_sampling(
+    logits: torch.Tensor, temperatures: torch.Tensor | None, config: EntropyConfig
+) -> torch.Tensor:
+    """``[bs]`` float32 entropies (nats) of one sampler step, on the logits' device.
 
-    ``append`` records one value per generated token; ``get_since_offset`` returns the values not yet returned
-    and advances the offset (mirroring sglang's ``send_output_token_logprobs_offset``); ``cleanup`` drops a
-    request. Unknown request ids read as empty. Not thread-safe: the scheduler's event loop is one thread.
+    Args:
+        logits: ``[bs, V]`` raw next-token logits (after logit bias / grammar mask, before temperature).
+        temperatures: ``[bs, 1]`` per-request temperatures (sglang sets 1.0 for greedy requests); read only in
+            ``tempered`` mode.
+        config: raw = softmax(logits); tempered = softmax(logits / T); ``top_k`` renormalises over the k largest.
     """
-
-    def __init__(self) -> None:
-        self._values: dict[str, list[float]] = {}
-        self._offsets: dict[str, int] = {}
-
-    def append(self, rid: str, value: float) -> None:
-        self._values.setdefault(rid, []).append(float(value))
-
-    def get_since_offset(self, rid: str) -> list[float]:
-        values = self._values.get(rid)
-        if values is None:
-            return []
-        start = self._offsets.get(rid, 0)
-        self._offsets[rid] = len(values)
-        return values[start:]
-
-    def cleanup(self, rid: str) -> None:
-        self._values.pop(rid, None)
-        self._offsets.pop(rid, None)
-
-    def __len__(self) -> int:
-        """Number of requests with state."""
-        return len(self._values)
-
-    def __contains__(self, rid: object) -> bool:
-        return rid in self._values
+    if config.mode == "tempered":
+        logits = logits.float() / temperatures
+    return compute_entropy(logits, config.top_k)
 
 
-@dataclasses.dataclass(frozen=True)
-class EntropyConfig:
-    """What the scheduler computes. ``top_k=None`` is the full vocabulary."""
-
-    top_k: int | None = None
-    mode: EntropyMode = "raw"
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "top_k", _validate_top_k(self.top_k))
-        if self.mode not in ENTROPY_MODES:
-            raise ValueError(f"entropy mode must be one of {ENTROPY_MODES}, got {self.mode!r}")
-
-    @classmethod
-    def from_env(cls) -> EntropyConfig:
-        raw_k = os.environ.get(ENV_TOP_K, "0").strip() or "0"
-        try:
-            top_k = int(raw_k)
-        except ValueError:
-            raise ValueError(
-                f"{ENV_TOP_K} must be a non-negative integer (0 = full vocabulary), got {raw_k!r}"
-            ) from None
-        mode = os.environ.get(ENV_MODE, "raw").strip() or "raw"
-        return cls(top_k=top_k, mode=mode)  # type: ignore[arg-type]
-
-    def to_env(self) -> dict[str, str]:
-        return {ENV_TOP_K: str(self.top_k or 0), ENV_MODE: self.mode}
-
-    def export(self) -> None:
-        """Put this configuration into ``os.environ`` so that spawned scheduler processes inherit it."""
-        os.environ.update(self.to_env())
+# Names that lived here until 0.1.0; importable from their old place for one release.
+_MOVED = {
+    "EntropyStore": "treetune_verl.sglang.store",
+    "ENV_TOP_K": "treetune_verl.sglang.config",
+    "ENV_MODE": "treetune_verl.sglang.config",
+    "ENTROPY_MODES": "treetune_verl.sglang.config",
+    "custom_run_scheduler_process": "treetune_verl.sglang.scheduler_process",
+}
 
 
-def custom_run_scheduler_process(
-    server_args,
-    port_args,
-    gpu_id: int,
-    tp_rank: int,
-    moe_ep_rank: int,
-    pp_rank: int,
-    dp_rank: int | None,
-    pipe_writer,
-):
-    """sglang's ``run_scheduler_process`` with the entropy patches applied first, in the spawned process.
-
-    Same signature as ``sglang.srt.managers.scheduler.run_scheduler_process`` (0.5.6.post2). Injected as
-    ``sglang.srt.entrypoints.engine.run_scheduler_process`` by :func:`treetune_verl.sglang.engine.install`;
-    must stay a top-level function of an importable module so that ``spawn`` can pickle it.
-    """
-    from treetune_verl.sglang.scheduler_patches import apply_scheduler_patches
-
-    apply_scheduler_patches(EntropyConfig.from_env(), server_args)
-    from sglang.srt.managers import scheduler
-
-    return scheduler.run_scheduler_process(
-        server_args, port_args, gpu_id, tp_rank, moe_ep_rank, pp_rank, dp_rank, pipe_writer
-    )
-
-
-def apply_parent_patches() -> None:
-    """Patch sglang's TokenizerManager in this process so ``meta_info`` carries ``output_token_entropy``."""
-    from treetune_verl.sglang.tokenizer_patches import apply_tokenizer_patches
-
-    apply_tokenizer_patches()
+def __getattr__(name: str):
+    if name in _MOVED:
+        warnings.warn(
+            f"treetune_verl.sglang.entropy.{name} moved to {_MOVED[name]}.{name}; the old path goes in 0.2",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(_MOVED[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,7 +18,7 @@ import json
 import time
 from pathlib import Path
 
-from treetune_verl.sglang.entropy import ENTROPY_MODES
+from treetune_verl.sglang.config import ENTROPY_MODES
 from treetune_verl.sglang.report import format_table, record_from_output, render_html, write_jsonl
 
 BUILTIN_PROMPTS = [

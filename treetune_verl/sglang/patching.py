@@ -4,20 +4,34 @@
 
 A patch replaces exactly one upstream attribute, keeps the original on the replacement (``__treetune_original__``)
 and refuses to run against anything but the version and signatures it was written for: these patches reach into
-sglang internals that change between releases, and a silent no-op would return wrong or missing entropy.
+sglang internals that change between releases, and a silent no-op would return wrong or missing entropy. The
+replacement mechanics are the package's shared ones (``treetune_verl/patching.py``); the version and the error are
+sglang's.
 """
 
 from __future__ import annotations
 
-import inspect
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from treetune_verl.patching import ORIGINAL_ATTR, is_patched, original_of, replace_attr, signature_mismatch
+
+__all__ = [
+    "ENV_ALLOW_UNSUPPORTED",
+    "ORIGINAL_ATTR",
+    "SUPPORTED_SGLANG_VERSIONS",
+    "UnsupportedSGLangError",
+    "check_sglang_version",
+    "check_signature",
+    "is_patched",
+    "original_of",
+    "replace_attr",
+]
+
 SUPPORTED_SGLANG_VERSIONS: tuple[str, ...] = ("0.5.6.post2",)
 # Escape hatch for trying a newer sglang at one's own risk; signature checks still run.
 ENV_ALLOW_UNSUPPORTED = "TREETUNE_ALLOW_UNSUPPORTED_SGLANG"
-ORIGINAL_ATTR = "__treetune_original__"
 
 
 class UnsupportedSGLangError(RuntimeError):
@@ -39,30 +53,10 @@ def check_sglang_version() -> str:
 
 def check_signature(fn: Callable[..., Any], expected: Sequence[str], where: str) -> None:
     """Raise unless ``fn`` takes exactly the parameters ``expected`` (names, in order)."""
-    target = getattr(fn, ORIGINAL_ATTR, fn)
-    found = tuple(inspect.signature(target).parameters)
-    if found != tuple(expected):
+    found = signature_mismatch(fn, expected)
+    if found is not None:
         raise UnsupportedSGLangError(
             f"{where} has signature {found}, expected {tuple(expected)} (sglang "
             f"{', '.join(SUPPORTED_SGLANG_VERSIONS)}): the entropy patch for it would be wrong. "
             "Install sglang==0.5.6.post2."
         )
-
-
-def is_patched(owner: Any, name: str) -> bool:
-    return hasattr(getattr(owner, name, None), ORIGINAL_ATTR)
-
-
-def replace_attr(owner: Any, name: str, make_replacement: Callable[[Any], Any]) -> None:
-    """Set ``owner.name = make_replacement(original)`` once; a second call is a no-op (idempotent)."""
-    if is_patched(owner, name):
-        return
-    original = getattr(owner, name)
-    replacement = make_replacement(original)
-    setattr(replacement, ORIGINAL_ATTR, original)
-    setattr(owner, name, replacement)
-
-
-def original_of(fn: Any) -> Any:
-    """The upstream object behind a patched attribute (``fn`` itself if unpatched)."""
-    return getattr(fn, ORIGINAL_ATTR, fn)

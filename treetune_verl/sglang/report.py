@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from treetune_verl.sglang.tokenizer_patches import META_INFO_ENTROPY_KEY
+
 
 def record_from_output(prompt: str, output: dict[str, Any], decode_token: Callable[[int], str]) -> dict[str, Any]:
     """Build a record from one sglang Engine output requested with ``return_logprob=True``."""
@@ -28,7 +30,7 @@ def record_from_output(prompt: str, output: dict[str, Any], decode_token: Callab
         "token_ids": token_ids,
         "token_texts": [decode_token(t) for t in token_ids],
         "logprobs": [lp for lp, _, _ in logprobs],
-        "entropies": list(meta["output_token_entropy"]),
+        "entropies": list(meta[META_INFO_ENTROPY_KEY]),
     }
 
 

@@ -1,11 +1,9 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""Patches applied inside sglang 0.5.6.post2's spawned scheduler process (see agent-docs/sglang-engine-guide.md).
+"""Patches applied inside sglang 0.5.6.post2's spawned scheduler process: record, hold and send entropy.
 
-Data flow, one batch step:
-  1. ``EntropySampler.forward`` computes ``[bs]`` entropies from the raw logits *before* sglang's sampler turns
-     them into probabilities in place, and attaches them as ``logits_output.next_token_entropy`` (on the
-     logits' device; nothing is copied here).
+Third stop on the entropy's path (see agent-docs/architecture.md), one batch step:
+  1. ``EntropySampler.forward`` (``sampler.py``) attaches ``[bs]`` entropies to ``logits_output``.
   2. Pre-hooks on ``Scheduler.process_batch_result_prefill`` (first token) and ``process_batch_result_decode``
      copy them to the host once (one ``.tolist()`` per step) and append one value per request that sglang is
      about to give a token, skipping exactly the rows sglang skips. They run *before* the original handlers,
@@ -20,30 +18,17 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import torch
+from treetune_verl.sglang.config import EntropyConfig
+from treetune_verl.sglang.patching import check_sglang_version, check_signature, is_patched, original_of, replace_attr
+from treetune_verl.sglang.sampler import LOGITS_OUTPUT_ENTROPY_ATTR, SAMPLER_FORWARD_PARAMS, make_entropy_sampler
+from treetune_verl.sglang.server_args import check_server_args
+from treetune_verl.sglang.store import EntropyStore
 
-from treetune_verl.sglang.entropy import EntropyConfig, EntropyStore, compute_entropy
-from treetune_verl.sglang.patching import (
-    UnsupportedSGLangError,
-    check_sglang_version,
-    check_signature,
-    is_patched,
-    original_of,
-    replace_attr,
-)
-
-ENTROPY_ATTR = "next_token_entropy"  # set on LogitsProcessorOutput by EntropySampler
 STORE_ATTR = "treetune_entropy_store"  # EntropyStore on each Scheduler instance
 
-_SAMPLER_FORWARD_PARAMS = (
-    "self",
-    "logits_output",
-    "sampling_info",
-    "return_logprob",
-    "top_logprobs_nums",
-    "token_ids_logprobs",
-    "positions",
-)
+# Signatures the wrappers below repeat (sglang 0.5.6.post2): managers/scheduler_output_processor_mixin.py
+# process_batch_result_{prefill,decode}; managers/scheduler.py Scheduler.init_sockets, Scheduler.get_internal_state
+# and the local class SenderWrapper.send_output.
 _RESULT_HANDLER_PARAMS = ("self", "batch", "result")
 _INIT_SOCKETS_PARAMS = ("self", "server_args", "port_args")
 _SEND_OUTPUT_PARAMS = ("self", "output", "recv_obj")
@@ -51,47 +36,6 @@ _INTERNAL_STATE_PARAMS = ("self", "recv_req")
 # Key added to the scheduler's internal state (Engine.get_server_info()["internal_states"][i]): the number of
 # requests whose entropy the scheduler still holds. 0 once every request has finished or been aborted.
 INTERNAL_STATE_KEY = "treetune_entropy_requests"
-
-
-def entropy_for_sampling(
-    logits: torch.Tensor, temperatures: torch.Tensor | None, config: EntropyConfig
-) -> torch.Tensor:
-    """``[bs]`` float32 entropies (nats) of one sampler step, on the logits' device.
-
-    Args:
-        logits: ``[bs, V]`` raw next-token logits (after logit bias / grammar mask, before temperature).
-        temperatures: ``[bs, 1]`` per-request temperatures (sglang sets 1.0 for greedy requests).
-        config: raw = softmax(logits); tempered = softmax(logits / T).
-    """
-    if config.mode == "tempered":
-        logits = logits.float() / temperatures
-    return compute_entropy(logits, config.top_k)
-
-
-def make_entropy_sampler(sampler_cls: type) -> type:
-    """Subclass sglang's ``Sampler`` so that ``forward`` records entropy from the untouched logits."""
-
-    class EntropySampler(sampler_cls):
-        """sglang ``Sampler`` that also sets ``logits_output.next_token_entropy`` (``[bs]`` float32, nats)."""
-
-        entropy_config: EntropyConfig = EntropyConfig()
-
-        def forward(
-            self, logits_output, sampling_info, return_logprob, top_logprobs_nums, token_ids_logprobs, positions
-        ):
-            # Entropy is returned with logprobs only, so batches that want none pay nothing. Computed before
-            # super().forward, which divides by temperature and softmaxes logits in place.
-            if return_logprob:
-                entropy = entropy_for_sampling(
-                    logits_output.next_token_logits, sampling_info.temperatures, self.entropy_config
-                )
-                setattr(logits_output, ENTROPY_ATTR, entropy)
-            return super().forward(
-                logits_output, sampling_info, return_logprob, top_logprobs_nums, token_ids_logprobs, positions
-            )
-
-    EntropySampler.__qualname__ = EntropySampler.__name__ = "EntropySampler"
-    return EntropySampler
 
 
 def scheduler_store(scheduler: Any) -> EntropyStore:
@@ -110,7 +54,7 @@ def _record(scheduler: Any, batch: Any, result: Any, rows: list[int]) -> None:
         return
     if result.copy_done is not None:  # overlap scheduling: wait for the forward stream's step to finish
         result.copy_done.synchronize()
-    entropy = getattr(result.logits_output, ENTROPY_ATTR, None)
+    entropy = getattr(result.logits_output, LOGITS_OUTPUT_ENTROPY_ATTR, None)
     if entropy is None:
         raise RuntimeError(
             "treetune entropy: a batch with return_logprob reached the scheduler without entropy; the sampler "
@@ -123,7 +67,8 @@ def _record(scheduler: Any, batch: Any, result: Any, rows: list[int]) -> None:
 
 
 def _prefill_rows(scheduler: Any, batch: Any) -> list[int]:
-    # Mirrors process_batch_result_prefill: finished/retracted rows and unfinished chunks get no token.
+    # Mirrors sglang 0.5.6.post2 managers/scheduler_output_processor_mixin.py process_batch_result_prefill, loop over
+    # batch.reqs: `if req.finished() or req.is_retracted: continue`, then a token only `if req.is_chunked <= 0`.
     # Prefill-only requests (max_new_tokens == 0, e.g. sglang's internal prefix request for n > 1) generate
     # nothing, so they get no entropy. (A batch made only of them is not sampled at all and gets a dummy token;
     # in a mixed batch sglang samples their row anyway and returns one logprob with completion_tokens == 0.)
@@ -137,7 +82,9 @@ def _prefill_rows(scheduler: Any, batch: Any) -> list[int]:
 
 
 def _decode_rows(scheduler: Any, batch: Any) -> list[int]:
-    # Mirrors process_batch_result_decode: under overlap, rows finished/retracted one step ago get no token.
+    # Mirrors sglang 0.5.6.post2 managers/scheduler_output_processor_mixin.py process_batch_result_decode, loop over
+    # batch.reqs: `if self.enable_overlap and (req.finished() or req.is_retracted): continue` (rows finished or
+    # retracted one step ago under overlap scheduling get no token).
     return [
         i for i, req in enumerate(batch.reqs) if not (scheduler.enable_overlap and (req.finished() or req.is_retracted))
     ]
@@ -198,23 +145,6 @@ def _wrap_get_internal_state(original):
     return get_internal_state
 
 
-def check_server_args(server_args: Any) -> None:
-    """Refuse configurations in which per-token entropy would be missing or misaligned."""
-    refusals = {
-        "dp_size > 1 (the data-parallel controller starts schedulers with sglang's own run_scheduler_process, "
-        "bypassing the injected one)": getattr(server_args, "dp_size", 1) > 1,
-        "speculative decoding (several tokens per step, sampled outside the patched Sampler)": getattr(
-            server_args, "speculative_algorithm", None
-        )
-        is not None,
-        "pp_size > 1 (pipeline-parallel result processing is not patched)": getattr(server_args, "pp_size", 1) > 1,
-        "disaggregated prefill/decode (not patched)": getattr(server_args, "disaggregation_mode", "null") != "null",
-    }
-    refused = [what for what, bad in refusals.items() if bad]
-    if refused:
-        raise UnsupportedSGLangError("treetune entropy extraction does not support: " + "; ".join(refused))
-
-
 def apply_scheduler_patches(config: EntropyConfig, server_args: Any = None) -> None:
     """Apply every scheduler-process patch (idempotent). Call before the Scheduler/ModelRunner are built."""
     check_sglang_version()
@@ -226,7 +156,7 @@ def apply_scheduler_patches(config: EntropyConfig, server_args: Any = None) -> N
     from sglang.srt.managers.scheduler_output_processor_mixin import SchedulerOutputProcessorMixin
     from sglang.srt.model_executor import model_runner as model_runner_mod
 
-    check_signature(original_of(sampler_mod.Sampler).forward, _SAMPLER_FORWARD_PARAMS, "sglang Sampler.forward")
+    check_signature(original_of(sampler_mod.Sampler).forward, SAMPLER_FORWARD_PARAMS, "sglang Sampler.forward")
     check_signature(
         SchedulerOutputProcessorMixin.process_batch_result_prefill,
         _RESULT_HANDLER_PARAMS,

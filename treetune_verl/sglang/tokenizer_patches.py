@@ -2,6 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Patches on sglang 0.5.6.post2's ``TokenizerManager``, in the process that owns the Engine (the parent).
 
+Last stop of the sglang side: the entropy values that the scheduler sent with each output chunk become
+``meta_info["output_token_entropy"]`` of the request.
+
 ``convert_logprob_style`` runs for every output chunk of a request with ``return_logprob=True``: the wrapper
 extends a per-request list kept on sglang's own ``ReqState`` (so it is freed with the request) with the chunk's
 ``output_token_entropy_val``. ``add_logprob_to_meta_info`` (also called directly for aborts) then copies that list
@@ -17,9 +20,10 @@ from treetune_verl.sglang.patching import check_sglang_version, check_signature,
 
 logger = logging.getLogger(__name__)
 
-META_KEY = "output_token_entropy"
-STATE_ATTR = "treetune_output_token_entropy"  # list[float] on sglang's ReqState
+META_INFO_ENTROPY_KEY = "output_token_entropy"  # list[float], nats, aligned with "output_token_logprobs"
+REQ_STATE_ENTROPY_ATTR = "treetune_output_token_entropy"  # list[float] on sglang's ReqState
 
+# Signatures the wrappers repeat: sglang 0.5.6.post2 managers/tokenizer_manager.py TokenizerManager.
 _CONVERT_PARAMS = (
     "self",
     "meta_info",
@@ -36,10 +40,10 @@ _warned_unpatched_scheduler = False
 
 
 def _state_entropy(state) -> list[float]:
-    values = getattr(state, STATE_ATTR, None)
+    values = getattr(state, REQ_STATE_ENTROPY_ATTR, None)
     if values is None:
         values = []
-        setattr(state, STATE_ATTR, values)
+        setattr(state, REQ_STATE_ENTROPY_ATTR, values)
     return values
 
 
@@ -77,11 +81,11 @@ def _wrap_add_to_meta(original):
     @functools.wraps(original)
     def add_logprob_to_meta_info(self, meta_info, state, top_logprobs_num, token_ids_logprob, return_text_in_logprobs):
         original(self, meta_info, state, top_logprobs_num, token_ids_logprob, return_text_in_logprobs)
-        values = getattr(state, STATE_ATTR, None)
+        values = getattr(state, REQ_STATE_ENTROPY_ATTR, None)
         if values is not None:
-            meta_info[META_KEY] = list(values)  # a copy: the state's list keeps growing while streaming
+            meta_info[META_INFO_ENTROPY_KEY] = list(values)  # a copy: the state's list keeps growing while streaming
         elif not meta_info["output_token_logprobs"]:
-            meta_info[META_KEY] = []  # no token yet (e.g. aborted while waiting): nothing to align
+            meta_info[META_INFO_ENTROPY_KEY] = []  # no token yet (e.g. aborted while waiting): nothing to align
 
     return add_logprob_to_meta_info
 

@@ -27,7 +27,7 @@ from verl.protocol import DataProto
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import ToolResponse
 
-from treetune_verl.agent_loop.entropy_output import EntropyTokenOutput
+from treetune_verl.rollout.token_output import EntropyTokenOutput
 
 TEXT = "The answer is 12."
 LONG = "The quick brown fox jumps over the lazy dog. " * 6

@@ -8,9 +8,10 @@ Measures, in one run:
 1. Spread of ΔH₁ over repeats, naive vs RB (residual_mu): one fixed U batch (so Y is fixed), a fresh E batch per
    repeat; both estimators on the same E. Variants are interleaved (order alternates per repeat) after one discarded
    warm-up repeat; times are medians.
-2. Time per phase: sampling, X (each estimator), Y, dot, ground truth (snapshot + real step + measurement + restore),
-   the covariance estimate, and one plain training step on the same tokens (forward+backward of -J over E and U,
-   optimizer.step at lr 0) to express the probe's cost as a multiple of a training step.
+2. Time per phase: sampling, X̄ (each estimator), P Ȳ (passes and the mean each), dot, ground truth (snapshot +
+   real step + measurement + restore), the covariance estimate, and one plain training step on the same tokens
+   (forward+backward of -J over E and U, optimizer.step at lr 0) to express the probe's cost as a multiple of a
+   training step.
 3. ΔH_true (real SGD step, measured on each E) and the covariance estimate of Cui et al. (2025), -lr·Cov(log π, A)
    over U's response tokens, beside ΔH₁.
 4. Peak memory of the probe passes (X rb + Y) for B_E = B_U = B and big B at a fixed microbatch size, each in a fresh
@@ -46,8 +47,9 @@ from treetune_verl.probe.config import resolve_config  # noqa: E402
 from treetune_verl.probe.covariance import covariance_entropy_change  # noqa: E402
 from treetune_verl.probe.estimators import y_loss  # noqa: E402
 from treetune_verl.probe.ground_truth import true_entropy_change  # noqa: E402
-from treetune_verl.probe.job import ArithmeticBatchSampler, load_model_and_tokenizer  # noqa: E402
-from treetune_verl.probe.preconditioner import AdamPreconditioner  # noqa: E402
+from treetune_verl.probe.mixed_probe import estimate_mean_X, estimate_mean_Y, predict_deltaH1  # noqa: E402
+from treetune_verl.probe.model_loading import load_model_and_tokenizer  # noqa: E402
+from treetune_verl.probe.task_sampler import ArithmeticBatchSampler  # noqa: E402
 from treetune_verl.probe.teacher_forcing import teacher_force  # noqa: E402
 
 
@@ -123,7 +125,6 @@ def spread_and_timing(args: argparse.Namespace) -> dict:
     main = comps["rb_residual"]
     zero_lr_sgd = torch.optim.SGD(main.params, lr=0.0)  # same compute as a step, weights unchanged
     U, U_info = sampler.sample(args.B)
-    identity = AdamPreconditioner(None, main.params)
     rows = []
     times: dict[str, list[float]] = {}
     for r in range(args.repeats + 1):  # repeat 0 is a warm-up (allocator, μ baseline), discarded
@@ -131,17 +132,15 @@ def spread_and_timing(args: argparse.Namespace) -> dict:
         with stopwatch(device, row, "t_sample"):
             E, _ = sampler.sample(args.B)
         order = ["naive", "rb_residual"] if r % 2 == 0 else ["rb_residual", "naive"]
-        sums_X = {}
+        means_X = {}
         for variant in order:
             with stopwatch(device, row, f"t_X[{variant}]"):
-                sums_X[variant], B_E = comps[variant].accumulate_sum_X(E, args.mb)
+                means_X[variant], _ = estimate_mean_X(comps[variant], E, args.mb)
         with stopwatch(device, row, "t_Y"):
-            sum_Y, B_U = main.accumulate_sum_Y(U, args.mb, identity)
-        mean_Y = main.scale_buffer(sum_Y, 1.0 / B_U)
+            mean_Y = estimate_mean_Y(main, U, args.mb, None)  # no optimizer: P = identity (the SGD step)
         for variant in order:
             with stopwatch(device, row, f"t_dot[{variant}]"):
-                bars = main.dot_param_buffers(main.scale_buffer(sums_X[variant], 1.0 / B_E), mean_Y)
-            row[f"deltaH1[{variant}]"] = args.lr * bars
+                _, row[f"deltaH1[{variant}]"] = predict_deltaH1(means_X[variant], mean_Y, args.lr)
         with stopwatch(device, row, "t_ground_truth"):
             truth = true_entropy_change(main, [E], U, args.mb, None, args.lr)
         row["deltaH_true"] = truth["deltaH_true"][0]

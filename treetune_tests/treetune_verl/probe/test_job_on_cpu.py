@@ -8,48 +8,15 @@ import json
 import logging
 import math
 import runpy
-import string
+import statistics
 import sys
 
 import pytest
-import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from treetune_verl.probe.config import CONFIG_DIR, CONFIG_NAME, resolve_config
-
-
-@pytest.fixture
-def char_llama_dir(tmp_path):
-    """A character-level tokenizer (no chat template) and a 1-layer Llama over its 73 tokens, saved as an HF folder."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-
-    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2}
-    for char in string.digits + string.ascii_letters + " ?+=.,!\n":
-        vocab[char] = len(vocab)
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(vocab),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=128,
-        initializer_range=0.3,
-        pad_token_id=0,
-        bos_token_id=None,
-        eos_token_id=1,
-    )
-    model_dir = tmp_path / "tiny-char-llama"
-    LlamaForCausalLM(config).save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
-    return model_dir
+from treetune_verl.probe.job import run_probe_job
 
 
 @pytest.fixture
@@ -132,3 +99,46 @@ def test_hydra_overrides_compose_onto_the_packaged_defaults(clean_hydra):
     assert resolved.batch.B_E == 8 and resolved.probe.mb_size_prompts == 1 and resolved.run.repeats == 5
     assert resolved.estimator.x_estimator_mode == "naive"
     assert resolved.estimator.baseline.mode == "residual_mu"  # untouched defaults survive
+
+
+def _small_job(model_dir, out_dir, **overrides) -> dict:
+    config = {
+        "model": {"path": str(model_dir), "device": "cpu"},
+        "batch": {"B_E": 2, "B_U": 2, "G": 3},
+        "generation": {"max_new_tokens": 3},
+        "run": {"repeats": 2, "progress": False, "output_dir": str(out_dir)},
+        "optimizer": {"lr": 1e-3},
+    }
+    for section, values in overrides.items():
+        config[section] = {**config.get(section, {}), **values}
+    return run_probe_job(config)
+
+
+def test_main_job_resamples_U_and_reports_deltaH_true_in_each_estimators_units(char_llama_dir, tmp_path):
+    """resample_U: one step per repeat, each measured on its own E; per-sequence RB gets the per-sequence truth."""
+    results = _small_job(
+        char_llama_dir,
+        tmp_path,
+        run={"resample_U": True},
+        estimator={"rb_normalize_by_length": False},
+    )
+    truth = results["ground_truth"]
+    assert set(truth) == {"deltaH_true", "deltaH_true_per_sequence", "H_before", "H_after", "min_ess"}
+    assert all(len(values) == 2 for values in truth.values())
+    assert len(results["cui_covariance_deltaH"]) == 2
+    naive, rb = results["estimators"]["naive"], results["estimators"]["rb_residual"]
+    assert naive["units"] == "nats per L_max token" and rb["units"] == "nats per sequence"
+    assert naive["deltaH_true"]["mean"] == statistics.fmean(truth["deltaH_true"])
+    assert rb["deltaH_true"]["mean"] == statistics.fmean(truth["deltaH_true_per_sequence"])
+    for name in ("naive", "rb_residual"):
+        per_repeat = [row[name]["deltaH1"] for row in results["per_repeat"]]
+        assert results["estimators"][name]["deltaH1"]["mean"] == statistics.fmean(per_repeat)
+        assert all(row[name]["deltaH1"] == 1e-3 * row[name]["bars_dot"] for row in results["per_repeat"])
+
+
+def test_main_job_without_ground_truth_reports_no_deltaH_true(char_llama_dir, tmp_path):
+    results = _small_job(char_llama_dir, tmp_path, ground_truth={"enable": False})
+    assert results["ground_truth"] == {}
+    assert all("deltaH_true" not in entry for entry in results["estimators"].values())
+    assert "ground_truth_s" not in results["timing_median_s"]
+    assert json.loads((tmp_path / "probe_results.json").read_text())["per_repeat"] == results["per_repeat"]

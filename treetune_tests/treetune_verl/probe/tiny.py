@@ -14,8 +14,9 @@ from __future__ import annotations
 import itertools
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
+from treetune_tests.tiny_model import tiny_causal_lm
 from treetune_verl.probe.batch import make_probe_batch
 from treetune_verl.probe.sampling import sample_responses
 
@@ -26,24 +27,17 @@ PAD = 0  # also a real token; padding is never attended to nor scored
 
 def tiny_llama(seed: int = 0, vocab: int = VOCAB, hidden: int = 8, init_std: float = 0.6) -> LlamaForCausalLM:
     """1-layer fp32 Llama; a large init std makes the policy far from uniform (entropy varies with context)."""
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
-        initializer_range=init_std,
-        tie_word_embeddings=False,
+    return tiny_causal_lm(
+        "llama",
+        vocab,
+        hidden,
+        max_positions=64,
+        init_std=init_std,
+        seed=seed,
         pad_token_id=PAD,
         bos_token_id=None,
         eos_token_id=None,
     )
-    model = LlamaForCausalLM(config).float()
-    model.eval()
-    return model
 
 
 def flat_params(model: torch.nn.Module) -> torch.Tensor:

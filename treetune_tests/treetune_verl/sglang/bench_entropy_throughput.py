@@ -136,8 +136,8 @@ def entropy_op_seconds(model: str, concurrency: int, device: str, threads: int, 
     import torch
     from transformers import AutoConfig
 
-    from treetune_verl.sglang.entropy import EntropyConfig
-    from treetune_verl.sglang.scheduler_patches import entropy_for_sampling
+    from treetune_verl.sglang.config import EntropyConfig
+    from treetune_verl.sglang.entropy import entropy_for_sampling
 
     if threads:
         torch.set_num_threads(threads)

@@ -1,6 +1,11 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""Helpers for tests that run a real sglang Engine on CPU and check its entropy against HF recomputation."""
+"""Helpers for tests that run a real sglang Engine on CPU and check its entropy against HF recomputation.
+
+:func:`hf_token_entropy` is the reference of every Engine test: a teacher-forced ``transformers`` forward and its own
+entropy formula (``torch.log_softmax`` in float64). It calls nothing from ``treetune_verl``, so a wrong formula in
+the product cannot be mirrored in its reference.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from treetune_verl.sglang.entropy import compute_entropy
 
 
 @contextlib.contextmanager
@@ -84,10 +87,15 @@ def hf_token_entropy(
         return []
     model = _hf_model(str(model_path))
     ids = torch.tensor([prompt_ids + output_ids[:-1]])
-    logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 :].float()
+    logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 :].double()  # [n_output, V]
     if mode == "tempered":
         logits = logits / temperature
-    return compute_entropy(logits, top_k or None).tolist()
+    elif mode != "raw":
+        raise ValueError(f"mode must be 'raw' or 'tempered', got {mode!r}")
+    if top_k and top_k < logits.shape[-1]:
+        logits = logits.topk(top_k, dim=-1).values  # renormalised over the k largest by the log_softmax below
+    logp = torch.log_softmax(logits, dim=-1)
+    return (-(logp.exp() * logp).sum(dim=-1)).tolist()
 
 
 def output_token_ids(meta_info: dict) -> list[int]:

@@ -1,13 +1,22 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""Unit tests of compute_entropy, EntropyStore and EntropyConfig (plain torch; no sglang needed)."""
+"""``entropy``: the formula (``compute_entropy``, ``entropy_for_sampling``) and the old import paths it forwards.
 
+Plain torch, no sglang. Reference: :func:`reference_entropy`, written here in float64 over the finite entries
+(``softmax`` and explicit ``-sum p log p``, top-k by sorting), and closed forms (uniform: log V, log k; one-hot: 0).
+"""
+
+import importlib
 import math
+import warnings
 
 import pytest
 import torch
 
-from treetune_verl.sglang.entropy import ENV_MODE, ENV_TOP_K, EntropyConfig, EntropyStore, compute_entropy
+from treetune_verl.sglang import config as config_mod
+from treetune_verl.sglang import scheduler_process, store
+from treetune_verl.sglang.config import EntropyConfig
+from treetune_verl.sglang.entropy import compute_entropy, entropy_for_sampling
 
 
 def reference_entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -56,6 +65,7 @@ class TestComputeEntropy:
         torch.testing.assert_close(compute_entropy(logits, top_k=10), compute_entropy(logits))
         torch.testing.assert_close(compute_entropy(logits, top_k=1000), compute_entropy(logits))
         torch.testing.assert_close(compute_entropy(logits, top_k=0), compute_entropy(logits))
+        torch.testing.assert_close(compute_entropy(logits).double(), reference_entropy(logits), rtol=1e-5, atol=1e-6)
 
     def test_masked_logits_give_entropy_of_remaining_support(self):
         torch.manual_seed(0)
@@ -107,62 +117,72 @@ class TestComputeEntropy:
             compute_entropy(torch.zeros(1, 4), top_k=bad)
 
 
-class TestEntropyStore:
-    def test_append_and_get(self):
-        store = EntropyStore()
-        store.append("a", 0.5)
-        store.append("a", 1.5)
-        assert store.get_since_offset("a") == [0.5, 1.5]
+class TestEntropyForSampling:
+    """One sampler step: raw ignores the temperatures, tempered divides by each row's T, top-k renormalises."""
 
-    def test_incremental_offsets(self):
-        store = EntropyStore()
-        store.append("a", 1.0)
-        store.append("a", 2.0)
-        assert store.get_since_offset("a") == [1.0, 2.0]
-        assert store.get_since_offset("a") == []
-        store.append("a", 3.0)
-        assert store.get_since_offset("a") == [3.0]
+    @pytest.fixture
+    def step(self):
+        generator = torch.Generator().manual_seed(3)
+        logits = torch.randn(4, 40, generator=generator) * 3
+        temperatures = torch.tensor([[0.5], [1.0], [1.7], [0.7]])
+        return logits, temperatures
 
-    def test_cleanup(self):
-        store = EntropyStore()
-        store.append("a", 1.0)
-        store.cleanup("a")
-        assert store.get_since_offset("a") == [] and len(store) == 0 and "a" not in store
-        store.cleanup("a")  # twice is fine
+    @pytest.mark.parametrize("top_k", [None, 6])
+    def test_raw_is_the_entropy_of_the_logits_whatever_the_temperature(self, step, top_k):
+        logits, temperatures = step
+        got = entropy_for_sampling(logits, temperatures, EntropyConfig(top_k=top_k))
+        assert got.dtype == torch.float32 and got.shape == (4,)
+        torch.testing.assert_close(got, entropy_for_sampling(logits, None, EntropyConfig(top_k=top_k)))
+        kept = logits if top_k is None else torch.sort(logits, dim=-1, descending=True).values[:, :top_k]
+        torch.testing.assert_close(got.double(), reference_entropy(kept), rtol=1e-5, atol=1e-6)
 
-    def test_unknown_rid_is_empty_and_creates_no_state(self):
-        store = EntropyStore()
-        assert store.get_since_offset("nope") == []
-        assert len(store) == 0
+    @pytest.mark.parametrize("top_k", [None, 6])
+    def test_tempered_is_the_entropy_of_logits_over_each_rows_temperature(self, step, top_k):
+        logits, temperatures = step
+        got = entropy_for_sampling(logits, temperatures, EntropyConfig(top_k=top_k, mode="tempered"))
+        tempered = logits.double() / temperatures.double()
+        kept = tempered if top_k is None else torch.sort(tempered, dim=-1, descending=True).values[:, :top_k]
+        torch.testing.assert_close(got.double(), reference_entropy(kept), rtol=1e-5, atol=1e-6)
+        raw = entropy_for_sampling(logits, temperatures, EntropyConfig(top_k=top_k))
+        assert (got[[0, 2, 3]] - raw[[0, 2, 3]]).abs().min() > 0.01  # T != 1 changes the distribution
+        torch.testing.assert_close(got[1], raw[1])  # T == 1 does not
 
-    def test_isolation_between_requests(self):
-        store = EntropyStore()
-        for v in (1.0, 2.0):
-            store.append("a", v)
-        store.append("b", 9.0)
-        assert store.get_since_offset("b") == [9.0]
-        assert store.get_since_offset("a") == [1.0, 2.0]
-        store.cleanup("a")
-        store.append("b", 8.0)
-        assert store.get_since_offset("b") == [8.0] and len(store) == 1
+    def test_input_logits_are_left_untouched(self, step):
+        logits, temperatures = step
+        before = logits.clone()
+        entropy_for_sampling(logits, temperatures, EntropyConfig(top_k=6, mode="tempered"))
+        assert torch.equal(logits, before)
 
 
-class TestEntropyConfig:
-    def test_env_round_trip(self, monkeypatch):
-        monkeypatch.setenv(ENV_TOP_K, "20")
-        monkeypatch.setenv(ENV_MODE, "tempered")
-        config = EntropyConfig.from_env()
-        assert config == EntropyConfig(top_k=20, mode="tempered")
-        assert config.to_env() == {ENV_TOP_K: "20", ENV_MODE: "tempered"}
+# Names that lived in treetune_verl.sglang.entropy until 0.1.0 and where they live now.
+MOVED = {
+    "EntropyStore": store,
+    "ENV_TOP_K": config_mod,
+    "ENV_MODE": config_mod,
+    "ENTROPY_MODES": config_mod,
+    "custom_run_scheduler_process": scheduler_process,
+}
 
-    def test_defaults_are_full_vocab_raw(self, monkeypatch):
-        monkeypatch.delenv(ENV_TOP_K, raising=False)
-        monkeypatch.delenv(ENV_MODE, raising=False)
-        assert EntropyConfig.from_env() == EntropyConfig(top_k=None, mode="raw")
 
-    @pytest.mark.parametrize(("top_k", "mode"), [("-3", "raw"), ("abc", "raw"), ("4", "sharpened")])
-    def test_bad_env_is_a_value_error(self, monkeypatch, top_k, mode):
-        monkeypatch.setenv(ENV_TOP_K, top_k)
-        monkeypatch.setenv(ENV_MODE, mode)
-        with pytest.raises(ValueError, match="TREETUNE_ENTROPY|top_k|mode"):
-            EntropyConfig.from_env()
+class TestDeprecatedImportPaths:
+    @pytest.mark.parametrize("name", list(MOVED))
+    def test_old_path_still_imports_the_same_object_and_warns(self, name):
+        module = MOVED[name]
+        old = importlib.import_module("treetune_verl.sglang.entropy")
+        with pytest.warns(
+            DeprecationWarning, match=rf"treetune_verl\.sglang\.entropy\.{name} moved to {module.__name__}\."
+        ):
+            value = getattr(old, name)
+        assert value is getattr(module, name)
+
+    def test_from_import_warns(self):
+        with pytest.warns(DeprecationWarning, match="EntropyStore moved to treetune_verl.sglang.store"):
+            from treetune_verl.sglang.entropy import EntropyStore
+        assert EntropyStore is store.EntropyStore
+
+    def test_current_names_do_not_warn_and_unknown_names_fail(self):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            from treetune_verl.sglang.entropy import compute_entropy as current  # noqa: F401
+        with pytest.raises(ImportError):
+            from treetune_verl.sglang.entropy import no_such_name  # noqa: F401

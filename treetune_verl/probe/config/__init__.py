@@ -11,17 +11,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import DictConfig, OmegaConf
+
+from treetune_verl.probe.policy import check_policy_args
 
 CONFIG_DIR = Path(__file__).resolve().parent
 CONFIG_NAME = "probe"
 
+# The one map from dtype names to torch dtypes: ``model.dtype`` and ``probe.buffers_dtype`` are validated against it.
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
 _CHOICES = {
-    "model.dtype": ("float32", "bfloat16", "float16"),
+    "model.dtype": tuple(name for name in DTYPES if name != "float64"),  # fp64 is for accumulating buffers only
     "advantage.estimator": ("grpo", "dr_grpo"),
     "estimator.x_estimator_mode": ("naive", "rb_residual"),
     "estimator.baseline.mode": ("none", "residual_mu"),
-    "probe.buffers_dtype": ("float32", "float64", "bfloat16", "float16"),
+    "probe.buffers_dtype": tuple(DTYPES),
     "probe.buffers_device": ("cpu", "model"),
     "probe.weighting_mode": ("dr_grpo", "per_token_avg"),
     "optimizer.name": ("sgd", "adam", "adamw"),
@@ -72,10 +78,7 @@ def validate_config(cfg: DictConfig) -> None:
     decay = cfg.estimator.baseline.ema_decay
     if not isinstance(decay, int | float) or not 0.0 <= float(decay) < 1.0:
         raise ValueError(f"estimator.baseline.ema_decay must be in [0, 1), got {decay!r}")
-    if not float(cfg.generation.temperature) > 0:
-        raise ValueError(f"generation.temperature must be > 0, got {cfg.generation.temperature!r}")
-    if not 0 < float(cfg.generation.top_p) <= 1:
-        raise ValueError(f"generation.top_p must be in (0, 1], got {cfg.generation.top_p!r}")
+    check_policy_args(float(cfg.generation.temperature), float(cfg.generation.top_p))
     if not float(cfg.optimizer.lr) >= 0:
         raise ValueError(f"optimizer.lr must be >= 0, got {cfg.optimizer.lr!r}")
     if not float(cfg.advantage.eps) > 0:

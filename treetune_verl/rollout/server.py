@@ -1,6 +1,8 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""verl 0.7.1's sglang server and replica, serving per-token entropy next to the sampled tokens.
+"""verl 0.7.1's sglang server, serving per-token entropy next to the sampled tokens.
+
+First stop of the verl side: sglang's ``meta_info["output_token_entropy"]`` becomes ``EntropyTokenOutput.entropy``.
 
 ``EntropySGLangHttpServer`` differs from verl's ``SGLangHttpServer`` in two places:
   - ``launch_server`` refuses settings under which entropy would be missing or misaligned, then turns entropy
@@ -10,27 +12,23 @@
     ``entropy`` is sglang's ``meta_info["output_token_entropy"]``. The parent reads the request's output from
     ``self.tokenizer_manager`` and drops ``meta_info``; a thin proxy of the TokenizerManager keeps the
     ``meta_info`` of the requests this method is waiting for, so no verl code is copied.
-
-``EntropySGLangReplica`` only swaps the server class; the actor names (``sglang_server_{replica}_{node}``), which
-verl's hybrid ``ServerAdapter`` looks servers up by, stay the parent's.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import ray
 from verl.workers.rollout.replica import get_rollout_replica_class
 
-from treetune_verl.agent_loop.entropy_output import EntropyTokenOutput, check_rollout_config
+from treetune_verl.rollout.rollout_config import check_rollout_config
+from treetune_verl.rollout.token_output import EntropyTokenOutput
 from treetune_verl.sglang.engine import install
+from treetune_verl.sglang.tokenizer_patches import META_INFO_ENTROPY_KEY
 
 # verl's own loader (replica.py `_load_sglang`) imports sglang with its vLLM stand-in and SGLANG_USE_CPU_ENGINE
 # set; importing async_sglang_server first would skip that and fail where vLLM is not installed.
 SGLangReplica = get_rollout_replica_class("sglang")
 from verl.workers.rollout.sglang_rollout.async_sglang_server import SGLangHttpServer  # noqa: E402
-
-__all__ = ["EntropySGLangHttpServer", "EntropySGLangReplica", "EntropyTokenOutput"]
 
 
 class _TappedStream:
@@ -131,7 +129,7 @@ class EntropySGLangHttpServer(SGLangHttpServer):
             meta_info = tap.collect(request_id)
         entropy = None
         if return_logprob:
-            entropy = (meta_info or {}).get("output_token_entropy")
+            entropy = (meta_info or {}).get(META_INFO_ENTROPY_KEY)
             if entropy is None:
                 raise RuntimeError(
                     f"request {request_id}: logprobs were requested but sglang returned no output_token_entropy; "
@@ -141,11 +139,3 @@ class EntropySGLangHttpServer(SGLangHttpServer):
             if len(entropy) != len(output.token_ids):
                 raise RuntimeError(f"request {request_id}: {len(entropy)} entropies for {len(output.token_ids)} tokens")
         return EntropyTokenOutput(**dict(output), entropy=entropy)
-
-
-class EntropySGLangReplica(SGLangReplica):
-    """verl's ``SGLangReplica`` launching :class:`EntropySGLangHttpServer` under the parent's actor names."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.server_class = ray.remote(EntropySGLangHttpServer)

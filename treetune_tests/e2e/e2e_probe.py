@@ -1,11 +1,11 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""A probe for ``treetune_tests/treetune_verl/sglang/test_entropy_e2e.sh``: what the trainer receives from a rollout.
+"""A probe for ``treetune_tests/e2e/test_entropy_e2e.sh`` (``E2E_PROBE=1``): what the trainer receives from a rollout.
 
 ``ProbedEntropyAgentLoopManager`` is ``EntropyAgentLoopManager`` unchanged, except that, where the manager computes
 its per-step metrics from the concatenated rollout (the ``DataProto`` that ``generate_sequences`` returns to
 ``RayPPOTrainer.fit``), it also writes one JSON record per rollout to ``$TREETUNE_E2E_PROBE_DIR``. The e2e script
-selects it by one override placed after the README block and checks the records.
+selects it by one override placed after the README block and checks the records (``check_metrics.py``).
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ def _config(model_path, workdir, **rollout: Any):
 def _server(config):
     from verl.workers.rollout.replica import RolloutMode
 
-    from treetune_verl.sglang.server import EntropySGLangHttpServer
+    from treetune_verl.rollout.server import EntropySGLangHttpServer
 
     return EntropySGLangHttpServer(
         config=config.actor_rollout_ref.rollout,
@@ -91,6 +91,24 @@ class LocalServerManager:
             image_data=image_data,
             video_data=video_data,
         )
+
+
+@pytest.fixture(autouse=True, scope="module")
+def sglang_engine_setup_restored():
+    """Importing verl's sglang server replaces sglang's ``engine._set_envs_and_config`` process-wide (verl 0.7.1
+    ``workers/rollout/sglang_rollout/sglang_rollout.py``, at import) and sets ``SGLANG_USE_CPU_ENGINE=1``
+    (``workers/rollout/replica.py`` ``_load_sglang``): put both back after this module, so the Engine tests that run
+    later in the session see sglang as shipped."""
+    from sglang.srt.entrypoints import engine
+
+    original = engine._set_envs_and_config
+    use_cpu_engine = os.environ.get("SGLANG_USE_CPU_ENGINE")
+    yield
+    engine._set_envs_and_config = original
+    if use_cpu_engine is None:
+        os.environ.pop("SGLANG_USE_CPU_ENGINE", None)
+    else:
+        os.environ["SGLANG_USE_CPU_ENGINE"] = use_cpu_engine
 
 
 @pytest.fixture

@@ -1,10 +1,11 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""The README override block and the GPU e2e script's command, composed by Hydra with verl 0.7.1's ``ppo_trainer``.
+"""The README override block and the e2e script's command, composed by Hydra with verl 0.7.1's ``ppo_trainer``.
 
 The block (``treetune_verl/config/grpo_entropy_overrides.txt``) must resolve to the keys that turn rollout entropy
 on, survive verl's own dataclass conversion and class loading, and be passed verbatim by
-``test_entropy_e2e.sh``; the script must skip cleanly without a GPU.
+``treetune_tests/e2e/test_entropy_e2e.sh``, with nothing after it that would change which classes run. (The run itself
+is ``treetune_tests/e2e/test_e2e_on_cpu.py``.)
 """
 
 from __future__ import annotations
@@ -15,12 +16,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from treetune_verl.config import AGENT_LOOPS_YAML, read_overrides
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
-E2E_SCRIPT = REPO_ROOT / "treetune_tests" / "treetune_verl" / "sglang" / "test_entropy_e2e.sh"
+E2E_SCRIPT = REPO_ROOT / "treetune_tests" / "e2e" / "test_entropy_e2e.sh"
 MANAGER = "treetune_verl.agent_loop.EntropyAgentLoopManager"
 
 
@@ -42,8 +42,8 @@ def test_block_composes_with_ppo_trainer():
     from verl.utils.import_utils import load_class_from_fqn
     from verl.workers.config import RolloutConfig
 
-    from treetune_verl.agent_loop import EntropyAgentLoopManager, check_rollout_config
-    from treetune_verl.agent_loop.entropy_output import entropy_config
+    from treetune_verl.agent_loop import EntropyAgentLoopManager
+    from treetune_verl.rollout.rollout_config import check_rollout_config, entropy_config
 
     block = read_overrides()
     assert block == ["hydra.searchpath=[pkg://treetune_verl.config]", "+treetune=rollout_entropy"]
@@ -81,34 +81,40 @@ def test_agent_loops_yaml_targets_our_loops():
     }
 
 
-def test_e2e_script_passes_the_block_verbatim_and_composes(tiny_model_dir, tmp_path):
-    result = _script({"E2E_PRINT_ARGS": "1", "MODEL_PATH": str(tiny_model_dir), "E2E_WORKDIR": str(tmp_path)})
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_e2e_script_passes_the_block_verbatim_and_composes(tiny_model_dir, tmp_path, device):
+    env = {"E2E_PRINT_ARGS": "1", "E2E_DEVICE": device, "MODEL_PATH": str(tiny_model_dir), "E2E_WORKDIR": str(tmp_path)}
+    result = _script(env)
     assert result.returncode == 0, result.stderr
     args = result.stdout.splitlines()
     block = read_overrides()
     start = args.index(block[0])
-    assert args[start : start + len(block)] == block  # exactly the README block, in order
-    # the only override after the block swaps in the probing subclass of the same manager
-    assert args[start + len(block) :] == [
-        "actor_rollout_ref.rollout.agent.agent_loop_manager_class="
-        "treetune_tests.treetune_verl.agent_loop.e2e_probe.ProbedEntropyAgentLoopManager"
-    ]
+    assert args[start:] == block  # exactly the README block, in order, and nothing after it by default
     config = _compose(args)
     rollout = config.actor_rollout_ref.rollout
-    assert config.algorithm.adv_estimator == "grpo" and config.trainer.total_training_steps == 1
+    assert config.algorithm.adv_estimator == "grpo" and config.trainer.total_training_steps == 2
     assert rollout.calculate_log_probs is True and rollout.name == "sglang" and rollout.n == 2
     assert rollout.response_length == 64 and config.data.train_batch_size == 4
-    from treetune_tests.treetune_verl.agent_loop.e2e_probe import ProbedEntropyAgentLoopManager
+    assert rollout.agent.agent_loop_manager_class == MANAGER
+    assert config.trainer.logger == ["console", "file"]
+    assert (config.trainer.device == "cpu") == (device == "cpu")
+
+
+def test_e2e_probe_mode_swaps_in_a_subclass_of_our_manager(tiny_model_dir, tmp_path):
+    env = {"E2E_PRINT_ARGS": "1", "E2E_PROBE": "1", "MODEL_PATH": str(tiny_model_dir), "E2E_WORKDIR": str(tmp_path)}
+    result = _script(env)
+    assert result.returncode == 0, result.stderr
+    args = result.stdout.splitlines()
+    block = read_overrides()
+    start = args.index(block[0])
+    assert args[start + len(block) :] == [
+        "actor_rollout_ref.rollout.agent.agent_loop_manager_class="
+        "treetune_tests.e2e.e2e_probe.ProbedEntropyAgentLoopManager"
+    ]
+    from treetune_tests.e2e.e2e_probe import ProbedEntropyAgentLoopManager
     from treetune_verl.agent_loop import EntropyAgentLoopManager
 
     assert issubclass(ProbedEntropyAgentLoopManager, EntropyAgentLoopManager)
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the skip path, which runs only without CUDA")
-def test_e2e_script_skips_without_gpu():
-    result = _script({})
-    assert result.returncode == 0, result.stderr
-    assert "SKIP: test_entropy_e2e.sh needs a CUDA GPU" in result.stdout
 
 
 def test_readme_shows_exactly_the_override_block():

@@ -1,0 +1,85 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""The import hook: applies each patch right after its target module has been executed, in whichever process.
+
+Installed by the ``.pth`` line that ``tools/cpu_env/setup.sh`` writes (only when ``TREETUNE_VERL_CPU_PATCHES=1``), so
+it is active in the driver, in every Ray worker and in sglang's spawned scheduler processes, all of which start the
+venv's interpreter with that variable inherited. It imports nothing heavy at interpreter start: a patch module (and
+torch, verl, sglang through it) is imported only when its target module is imported anyway.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import sys
+import threading
+from types import ModuleType
+
+# target module -> patch modules applied (in order) right after the target's code has run.
+PATCHES: dict[str, tuple[str, ...]] = {
+    "verl.utils.device": ("verl_cpu.torch_cpu_memory",),
+    "verl.workers.fsdp_workers": ("verl_cpu.dist_backend", "verl_cpu.offload_pin_memory"),
+    "sglang.srt.server_args": ("verl_cpu.sglang_device",),
+    "sglang.srt.utils.common": ("verl_cpu.sharing_strategy",),
+    "sglang.srt.utils.patch_torch": ("verl_cpu.sglang_reduce",),
+}
+
+_lock = threading.RLock()
+
+
+def apply_patches(target: str, module: ModuleType) -> None:
+    """Apply every patch registered for ``target`` to ``module`` (each patch is idempotent)."""
+    for name in PATCHES[target]:
+        importlib.import_module(name).apply(module)
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    """Wraps the target's real loader: runs the module, then its patches. Everything else goes to the real loader."""
+
+    def __init__(self, loader: importlib.abc.Loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._loader.exec_module(module)
+        apply_patches(module.__name__, module)
+
+    def __getattr__(self, name: str):
+        return getattr(self._loader, name)
+
+
+class PatchFinder(importlib.abc.MetaPathFinder):
+    """Finds a target module through the other finders and wraps its loader; ignores every other module."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in PATCHES:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None and not isinstance(spec.loader, _PatchingLoader):
+            spec.loader = _PatchingLoader(spec.loader)
+        return spec
+
+
+def installed() -> bool:
+    return any(isinstance(finder, PatchFinder) for finder in sys.meta_path)
+
+
+def install() -> None:
+    """Put the finder first on ``sys.meta_path`` (once) and patch the targets that are already imported."""
+    with _lock:
+        if not installed():
+            sys.meta_path.insert(0, PatchFinder())
+        for target in PATCHES:
+            module = sys.modules.get(target)
+            if module is not None:
+                apply_patches(target, module)

@@ -1,0 +1,69 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""Patch 2: device-memory queries on ``torch.cpu``, which verl calls through ``get_torch_device()``.
+
+Upstream: ``verl/utils/device.py:get_torch_device`` (verl 0.7.1) returns ``torch.cpu`` without an accelerator, and
+``verl/utils/memory_utils.py:aggressive_empty_cache`` (lines 46-61, called from
+``fsdp_workers.py:ActorRolloutRefWorker.init_model``), ``fsdp_workers.py:update_actor`` (lines 1021-1022) and
+``verl/utils/fsdp_utils.py`` call ``memory_reserved`` / ``memory_allocated`` / ``max_memory_allocated`` /
+``max_memory_reserved`` / ``empty_cache`` on it; torch 2.13's ``torch.cpu`` has none of them (``AttributeError``).
+The stand-ins report 0 bytes (CPU tensors live in ordinary process memory, which verl logs separately as
+``perf/cpu_memory_used_gb``) and ``empty_cache`` does nothing. Nothing is replaced: they are added only where torch
+has no such attribute, and the patch refuses if torch already defines one.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from verl_cpu._guard import MARK, PatchError, is_patched, require_cpu_only, require_signature, require_versions
+
+PATCH = "torch_cpu_memory"
+SUPPORTED = {"verl": ("0.7.1",), "torch": ("2.13.0",)}
+
+
+def memory_allocated(device=None) -> int:
+    return 0
+
+
+def memory_reserved(device=None) -> int:
+    return 0
+
+
+def max_memory_allocated(device=None) -> int:
+    return 0
+
+
+def max_memory_reserved(device=None) -> int:
+    return 0
+
+
+def empty_cache() -> None:
+    return None
+
+
+STAND_INS = (memory_allocated, memory_reserved, max_memory_allocated, max_memory_reserved, empty_cache)
+for _stand_in in STAND_INS:
+    setattr(_stand_in, MARK, PATCH)
+
+
+def apply(device: ModuleType) -> None:
+    import torch
+
+    if all(is_patched(getattr(torch.cpu, f.__name__, None)) for f in STAND_INS):
+        return
+    require_cpu_only(PATCH)
+    require_versions(PATCH, SUPPORTED)
+    require_signature(PATCH, device.get_torch_device, (), "verl/utils/device.py:get_torch_device")
+    present = [
+        f.__name__
+        for f in STAND_INS
+        if hasattr(torch.cpu, f.__name__) and not is_patched(getattr(torch.cpu, f.__name__))
+    ]
+    if present:
+        raise PatchError(
+            f"verl_cpu.{PATCH}: torch.cpu already defines {present}; written for torch {' / '.join(SUPPORTED['torch'])}, "
+            "where it does not. Drop or update this patch (tools/cpu_shims/verl_cpu)."
+        )
+    for stand_in in STAND_INS:
+        setattr(torch.cpu, stand_in.__name__, stand_in)

@@ -1,0 +1,235 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""Acceptance check of an e2e GRPO run from verl's file logger output (``VERL_FILE_LOGGER_PATH``, one JSON line per
+``logger.log`` call: ``{"step": n, "data": {metric: value}}``): one record per training step, plus, with
+``trainer.val_before_train=True``, a record holding only ``val-*`` metrics at the step before the first trained one.
+
+Every training step must carry a finite ``actor/pg_loss``, ``actor/grad_norm`` > 0 (the update did something: the
+reward varied within the GRPO groups), ``timing_s/agent_loop/rollout_entropy/mean`` > 0 (our rollout entropy reached
+the trainer), and verl's ``training/rollout_probs_diff_mean`` / ``training/rollout_actor_probs_pearson_corr`` (the
+rollout engine's token probabilities against the actor's recomputation of the same tokens;
+``rollout.calculate_log_probs`` must be on). Those two show that the engine serves the weights the actor holds: at
+step 1 the initial sync (verl starts the server with ``rollout.load_format=dummy`` weights), from step 2 on the
+weights the actor trained (after a resume: the weights loaded from the checkpoint). The optional bounds
+``--max-probs-diff`` / ``--min-pearson`` apply to every step.
+
+Variant checks (``E2E_VARIANT=full|resume`` of ``test_entropy_e2e.sh``):
+
+- ``--first-step N``: the trained steps are exactly N, N+1, ... (a resumed run continues the saved run's numbering).
+- ``--kl``: ``actor/kl_loss`` (reference model + ``use_kl_loss``) is finite at every step, ≤ 1e-6 at global step 1
+  (the actor starts as the reference model) and > 0 from step 2 on (the actor has moved away from it; after a resume
+  this holds only if the trained weights were loaded: the reference model is the initial one).
+- ``--val``: validation ran before training (a ``val-*``-only record at step N-1) and at every trained step: finite
+  ``val-core/...`` metrics, and ``val-aux/rollout_entropy/mean`` > 0 (the package's validation hook).
+- ``--same-generations A B``: two validation dumps (``trainer.validation_data_dir``, ``<step>.jsonl``) hold the same
+  greedy generations (a resumed run's validation before training against the saved run's validation of the saved
+  step: the loaded weights are the saved ones).
+
+    python -m treetune_tests.e2e.check_metrics outputs/e2e/metrics.jsonl --min-steps 2 [--json summary.json]
+
+Exit 0 and a per-step table on success; exit 1 naming every failed check otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+PG_LOSS = "actor/pg_loss"
+GRAD_NORM = "actor/grad_norm"
+ENTROPY_MEAN = "timing_s/agent_loop/rollout_entropy/mean"
+PROBS_DIFF = "training/rollout_probs_diff_mean"
+PEARSON = "training/rollout_actor_probs_pearson_corr"
+KL_LOSS = "actor/kl_loss"
+VAL_CORE_PREFIX = "val-core/"
+VAL_ENTROPY_MEAN = "val-aux/rollout_entropy/mean"
+# actor/kl_loss at global step 1, where the actor is the reference model (same weights, both fp32 on CPU: 0.0 measured)
+KL_AT_START_MAX = 1e-6
+REPORTED = (PG_LOSS, GRAD_NORM, ENTROPY_MEAN, PROBS_DIFF, PEARSON, "critic/score/mean", "timing_s/step")
+VARIANT_REPORTED = (KL_LOSS, VAL_ENTROPY_MEAN)
+
+
+def read_steps(path: Path) -> list[dict]:
+    """Every record of the file, in order, as ``{"step": n, **metrics}`` (validation-only records included)."""
+    steps = []
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            steps.append({"step": record["step"], **record["data"]})
+    return steps
+
+
+def is_validation_only(metrics: dict) -> bool:
+    """A record of ``val-*`` metrics alone: verl's validation before training (``ray_trainer.fit``)."""
+    keys = [key for key in metrics if key != "step"]
+    return bool(keys) and all(key.startswith("val-") for key in keys)
+
+
+def training_steps(steps: list[dict]) -> list[dict]:
+    return [metrics for metrics in steps if not is_validation_only(metrics)]
+
+
+def val_core(metrics: dict) -> dict[str, float]:
+    return {key: value for key, value in metrics.items() if key.startswith(VAL_CORE_PREFIX)}
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _need(errors: list[str], metrics: dict, key: str, ok, what: str) -> None:
+    value = metrics.get(key)
+    if value is None:
+        errors.append(f"step {metrics['step']}: {key} missing")
+    elif not _finite(value) or not ok(value):
+        errors.append(f"step {metrics['step']}: {key} = {value!r}, expected {what}")
+
+
+def check(
+    steps: list[dict],
+    min_steps: int = 2,
+    max_probs_diff: float | None = None,
+    min_pearson: float | None = None,
+    *,
+    first_step: int | None = None,
+    kl: bool = False,
+    val: bool = False,
+) -> list[str]:
+    """Every failed acceptance check, as a message (empty: accepted). ``steps``: all records (``read_steps``)."""
+    errors: list[str] = []
+    trained = training_steps(steps)
+    if len(trained) < min_steps:
+        errors.append(f"{len(trained)} training step(s) logged, expected at least {min_steps}")
+    numbers = [metrics["step"] for metrics in trained]
+    if first_step is not None and numbers != list(range(first_step, first_step + len(numbers))):
+        errors.append(f"training steps {numbers}, expected consecutive steps from {first_step}")
+    stale = "the engine does not serve the actor's weights: weight sync broken?"
+    for metrics in trained:
+        _need(errors, metrics, PG_LOSS, lambda v: True, "a finite number")
+        _need(errors, metrics, GRAD_NORM, lambda v: v > 0, "> 0 (zero gradient: no reward variance within the groups?)")
+        _need(errors, metrics, ENTROPY_MEAN, lambda v: v > 0, "> 0 (rollout entropy not served: override block in?)")
+        _need(errors, metrics, PROBS_DIFF, lambda v: True, "a finite number (needs rollout.calculate_log_probs=True)")
+        _need(errors, metrics, PEARSON, lambda v: True, "a finite number (needs rollout.calculate_log_probs=True)")
+        if max_probs_diff is not None:
+            _need(errors, metrics, PROBS_DIFF, lambda v: v <= max_probs_diff, f"<= {max_probs_diff} ({stale})")
+        if min_pearson is not None:
+            _need(errors, metrics, PEARSON, lambda v: v >= min_pearson, f">= {min_pearson} ({stale})")
+        if kl:
+            if metrics["step"] <= 1:
+                _need(
+                    errors,
+                    metrics,
+                    KL_LOSS,
+                    lambda v: 0 <= v <= KL_AT_START_MAX,
+                    f"in [0, {KL_AT_START_MAX}] at step 1 (the actor starts as the reference model)",
+                )
+            else:
+                _need(
+                    errors,
+                    metrics,
+                    KL_LOSS,
+                    lambda v: v > 0,
+                    "> 0 after step 1 (actor equal to the reference: update or checkpoint load lost?)",
+                )
+        if val:
+            _check_validation(errors, metrics)
+    if val and trained:
+        before = [m for m in steps if is_validation_only(m) and m["step"] == trained[0]["step"] - 1]
+        if not before:
+            errors.append(f"no validation-only record at step {trained[0]['step'] - 1} (val_before_train)")
+        for metrics in before:
+            _check_validation(errors, metrics)
+    return errors
+
+
+def _check_validation(errors: list[str], metrics: dict) -> None:
+    core = val_core(metrics)
+    if not core:
+        errors.append(f"step {metrics['step']}: no {VAL_CORE_PREFIX}* metric (validation did not run?)")
+    for key in core:
+        _need(errors, metrics, key, lambda v: True, "a finite number")
+    _need(errors, metrics, VAL_ENTROPY_MEAN, lambda v: v > 0, "> 0 (rollout entropy of the validation rollouts)")
+
+
+def read_generations(path: Path) -> list[dict]:
+    """A validation dump of verl's ``_dump_generations`` (``trainer.validation_data_dir/<step>.jsonl``)."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def same_generations(a: Path, b: Path) -> list[str]:
+    """Errors unless the two dumps hold the same (input, output) pairs in the same order."""
+    errors = []
+    for path in (a, b):
+        if not Path(path).exists():
+            errors.append(f"{path} does not exist (trainer.validation_data_dir set?)")
+    if errors:
+        return errors
+    rows_a, rows_b = read_generations(a), read_generations(b)
+    pairs_a = [(row["input"], row["output"]) for row in rows_a]
+    pairs_b = [(row["input"], row["output"]) for row in rows_b]
+    if len(pairs_a) != len(pairs_b) or not pairs_a:
+        return [f"{a}: {len(pairs_a)} generations, {b}: {len(pairs_b)}"]
+    differing = [i for i, (x, y) in enumerate(zip(pairs_a, pairs_b, strict=True)) if x != y]
+    if differing:
+        errors.append(
+            f"{len(differing)} of {len(pairs_a)} greedy validation generations differ between {a} and {b} "
+            f"(rows {differing}): not the same weights?"
+        )
+    return errors
+
+
+def table(steps: list[dict]) -> str:
+    extra = [key for key in VARIANT_REPORTED if any(key in metrics for metrics in steps)]
+    core = sorted({key for metrics in steps for key in val_core(metrics)})
+    header = ["step", *REPORTED, *extra, *core]
+    lines = ["\t".join(header)]
+    for metrics in steps:
+        values = [metrics.get(key) for key in header[1:]]
+        lines.append("\t".join([str(metrics["step"]), *(f"{v:.6g}" if _finite(v) else str(v) for v in values)]))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("metrics", type=Path)
+    parser.add_argument("--min-steps", type=int, default=2)
+    parser.add_argument("--max-probs-diff", type=float, default=None)
+    parser.add_argument("--min-pearson", type=float, default=None)
+    parser.add_argument("--first-step", type=int, default=None, help="the trained steps are exactly N, N+1, ...")
+    parser.add_argument("--kl", action="store_true", help="reference model + KL loss: check actor/kl_loss")
+    parser.add_argument("--val", action="store_true", help="validation before training and at every step")
+    parser.add_argument("--same-generations", nargs=2, type=Path, metavar=("A", "B"), default=None)
+    parser.add_argument("--json", type=Path, default=None, help="also write the per-step acceptance metrics here")
+    args = parser.parse_args(argv)
+    if not args.metrics.exists():
+        print(f"FAIL: {args.metrics} does not exist (did the trainer run with trainer.logger=[...,file]?)")
+        return 1
+    steps = read_steps(args.metrics)
+    print(table(steps))
+    if args.json is not None:
+        keys = ("step", *REPORTED, *VARIANT_REPORTED)
+        summary = [{k: m.get(k) for k in keys} | val_core(m) for m in steps]
+        args.json.write_text(json.dumps(summary, indent=1))
+    errors = check(
+        steps,
+        args.min_steps,
+        args.max_probs_diff,
+        args.min_pearson,
+        first_step=args.first_step,
+        kl=args.kl,
+        val=args.val,
+    )
+    if args.same_generations is not None:
+        errors += same_generations(*args.same_generations)
+    for error in errors:
+        print(f"FAIL: {error}")
+    if not errors:
+        print(f"OK: {len(training_steps(steps))} step(s) in {args.metrics} pass the e2e acceptance checks")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

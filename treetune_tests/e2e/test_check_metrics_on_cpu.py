@@ -1,0 +1,135 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""``check_metrics.py`` on synthetic verl file-logger records (fast): the base checks, the validation-only record of
+``val_before_train``, and the variant checks (``--first-step``, ``--kl``, ``--val``, ``--same-generations``)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from treetune_tests.e2e.check_metrics import (
+    ENTROPY_MEAN,
+    GRAD_NORM,
+    KL_LOSS,
+    PEARSON,
+    PG_LOSS,
+    PROBS_DIFF,
+    VAL_ENTROPY_MEAN,
+    check,
+    is_validation_only,
+    main,
+    read_steps,
+    same_generations,
+    training_steps,
+)
+
+VAL_CORE = "val-core/treetune/arithmetic/acc/mean@1"
+
+
+def _train(step: int, **extra) -> dict:
+    return {
+        "step": step,
+        PG_LOSS: 1e-8,
+        GRAD_NORM: 5.0,
+        ENTROPY_MEAN: 2.0,
+        PROBS_DIFF: 2e-7,
+        PEARSON: 1.0,
+        **extra,
+    }
+
+
+def _val(step: int) -> dict:
+    return {"step": step, VAL_CORE: 0.08, VAL_ENTROPY_MEAN: 1.9}
+
+
+def _full(step: int, kl: float) -> dict:
+    return _train(step, **{KL_LOSS: kl}) | _val(step)
+
+
+def test_base_run_passes_and_counts_training_steps_only():
+    steps = [_train(1), _train(2)]
+    assert check(steps, min_steps=2, max_probs_diff=1e-3, min_pearson=0.999) == []
+    assert check([_val(0), _train(1)], min_steps=2) == ["1 training step(s) logged, expected at least 2"]
+
+
+def test_base_checks_name_each_failure():
+    bad = _train(1, **{GRAD_NORM: 0.0, ENTROPY_MEAN: float("nan")})
+    del bad[PEARSON]
+    errors = check([bad], min_steps=1, max_probs_diff=1e-3)
+    assert any(GRAD_NORM in e for e in errors) and any(ENTROPY_MEAN in e for e in errors)
+    assert any(f"{PEARSON} missing" in e for e in errors)
+    assert check([_train(1, **{PROBS_DIFF: 0.03})], min_steps=1, max_probs_diff=1e-3) != []
+
+
+def test_validation_only_records_are_told_apart():
+    assert is_validation_only(_val(0)) and not is_validation_only(_full(1, 0.0))
+    assert not is_validation_only({"step": 3})
+    assert [m["step"] for m in training_steps([_val(0), _full(1, 0.0)])] == [1]
+
+
+def test_full_variant_passes():
+    steps = [_val(0), _full(1, 0.0), _full(2, 0.02)]
+    assert check(steps, min_steps=2, first_step=1, kl=True, val=True) == []
+
+
+def test_resumed_run_numbering():
+    steps = [_val(1), _full(2, 0.02)]
+    assert check(steps, min_steps=1, first_step=2, kl=True, val=True) == []
+    errors = check([_val(0), _full(1, 0.0)], min_steps=1, first_step=2)
+    assert errors == ["training steps [1], expected consecutive steps from 2"]
+
+
+@pytest.mark.parametrize("step, kl", [(1, 0.01), (2, 0.0), (2, float("nan"))])
+def test_kl_loss_bounds(step, kl):
+    steps = [_val(step - 1), _full(step, kl)]
+    errors = check(steps, min_steps=1, first_step=step, kl=True, val=True)
+    assert len(errors) == 1 and KL_LOSS in errors[0]
+
+
+def test_kl_loss_missing_fails():
+    assert check([_train(1)], min_steps=1, kl=True) == [f"step 1: {KL_LOSS} missing"]
+
+
+def test_validation_checks():
+    no_before = check([_full(1, 0.0)], min_steps=1, val=True)
+    assert no_before == ["no validation-only record at step 0 (val_before_train)"]
+    no_core = _full(1, 0.0)
+    del no_core[VAL_CORE]
+    errors = check([_val(0), no_core], min_steps=1, val=True)
+    assert errors == ["step 1: no val-core/* metric (validation did not run?)"]
+    no_entropy = _val(0)
+    del no_entropy[VAL_ENTROPY_MEAN]
+    errors = check([no_entropy, _full(1, 0.0)], min_steps=1, val=True)
+    assert errors == [f"step 0: {VAL_ENTROPY_MEAN} missing"]
+
+
+def _dump(path, outputs):
+    rows = [{"input": f"q{i}", "output": out, "score": 0.1, "step": 1} for i, out in enumerate(outputs)]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_same_generations(tmp_path):
+    a = _dump(tmp_path / "a.jsonl", ["x", "y", "z"])
+    assert same_generations(a, _dump(tmp_path / "b.jsonl", ["x", "y", "z"])) == []
+    [error] = same_generations(a, _dump(tmp_path / "c.jsonl", ["x", "Y", "z"]))
+    assert "1 of 3 greedy validation generations differ" in error and "rows [1]" in error
+    assert same_generations(a, tmp_path / "missing.jsonl")[0].endswith("(trainer.validation_data_dir set?)")
+    assert same_generations(a, _dump(tmp_path / "d.jsonl", ["x"])) != []
+
+
+def test_cli_reads_the_file_logger_format(tmp_path, capsys):
+    path = tmp_path / "metrics.jsonl"
+    records = [_val(0), _full(1, 0.0)]
+    path.write_text(  # verl's FileLogger: {"step": n, "data": {metric: value}}
+        "\n".join(json.dumps({"step": r["step"], "data": {k: v for k, v in r.items() if k != "step"}}) for r in records)
+    )
+    assert [m["step"] for m in read_steps(path)] == [0, 1]
+    summary = tmp_path / "summary.json"
+    assert main([str(path), "--min-steps", "1", "--first-step", "1", "--kl", "--val", "--json", str(summary)]) == 0
+    assert "OK: 1 step(s)" in capsys.readouterr().out
+    rows = json.loads(summary.read_text())
+    assert rows[1][KL_LOSS] == 0.0 and rows[0][VAL_CORE] == 0.08
+    assert main([str(path), "--min-steps", "2"]) == 1

@@ -1,0 +1,64 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""verl 0.7.1's own GRPO trainer (``python -m verl.trainer.main_ppo``) for 2 steps on CPU with the tiny random Qwen2:
+real Ray, FSDP2 actor, sglang CPU Engine behind our replica/server, selected only by the README override block.
+
+Runs ``treetune_tests/e2e/test_entropy_e2e.sh`` (which checks the acceptance metrics itself) and re-reads its
+``metrics.jsonl``. About 2-3 minutes on 2 cores. Output: ``outputs/e2e-test-tiny/`` (``train.log``, ``metrics.jsonl``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from treetune_tests.e2e.check_metrics import ENTROPY_MEAN, GRAD_NORM, PEARSON, PG_LOSS, PROBS_DIFF, check, read_steps
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = REPO_ROOT / "treetune_tests" / "e2e" / "test_entropy_e2e.sh"
+WORKDIR = REPO_ROOT / "outputs" / "e2e-test-tiny"
+
+
+def _session_ids() -> set[int]:
+    out = subprocess.run(["ps", "-eo", "sid="], capture_output=True, text=True, check=True).stdout
+    return {int(x) for x in out.split()}
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU variant; on a GPU run the script directly")
+def test_grpo_two_steps_tiny_model_on_cpu():
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "E2E_MODEL": "tiny",
+        "E2E_STEPS": "2",
+        "E2E_WORKDIR": str(WORKDIR),
+    }
+    env.pop("MODEL_PATH", None)
+    result = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=900)
+    log = WORKDIR / "train.log"
+    assert result.returncode == 0, (
+        f"e2e script failed (rc {result.returncode}); log: {log}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    )
+    assert "OK: 2 step(s)" in result.stdout
+
+    steps = read_steps(WORKDIR / "metrics.jsonl")
+    assert [s["step"] for s in steps] == [1, 2]
+    assert check(steps, min_steps=2, max_probs_diff=1e-3, min_pearson=0.999) == []
+    for metrics in steps:
+        assert math.isfinite(metrics[PG_LOSS]) and metrics[GRAD_NORM] > 0 and metrics[ENTROPY_MEAN] > 0
+        assert metrics[PROBS_DIFF] <= 1e-3 and metrics[PEARSON] >= 0.999
+    # the override block selected our classes: the server and the workers are ours
+    text = log.read_text()
+    assert "EntropySGLangHttpServer" in text and "EntropyAgentLoopWorker" in text
+    # nothing of the run is left: the script ends the trainer's whole session
+    sessions = {int(m) for m in re.findall(r"^\[e2e\] trainer session: (\d+)$", result.stdout, re.M)}
+    assert len(sessions) == 1 and not sessions & _session_ids()

@@ -1,0 +1,190 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""The e2e variants of ``treetune_tests/e2e/test_entropy_e2e.sh`` (``E2E_VARIANT=full`` then ``resume``): verl 0.7.1's
+own trainer on CPU with the tiny random Qwen2, two FSDP training processes on gloo (two sglang rollout replicas), a
+reference model and the KL loss, validation before training and after every step, a checkpoint at step 1, and a
+second run that resumes it and trains step 2.
+
+The slow test runs both (about 5-7 minutes on 2 shared cores; outputs ``outputs/e2e-test-full/`` and
+``outputs/e2e-test-resume/``); the script checks the metrics itself (``check_metrics --kl --val``, and for the resume
+``--first-step 2 --same-generations``), the test re-reads them. The fast tests compose the variants' arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from treetune_tests.e2e.check_metrics import (
+    ENTROPY_MEAN,
+    KL_LOSS,
+    PEARSON,
+    PG_LOSS,
+    PROBS_DIFF,
+    VAL_ENTROPY_MEAN,
+    check,
+    is_validation_only,
+    read_generations,
+    read_steps,
+    same_generations,
+    training_steps,
+    val_core,
+)
+from treetune_verl.config import read_overrides
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = REPO_ROOT / "treetune_tests" / "e2e" / "test_entropy_e2e.sh"
+FULL = REPO_ROOT / "outputs" / "e2e-test-full"
+RESUME = REPO_ROOT / "outputs" / "e2e-test-resume"
+
+
+def _script(env: dict[str, str], *args: str, timeout: int) -> subprocess.CompletedProcess:
+    """The script with only the given E2E_* / MODEL_PATH settings (none inherited from this process)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("E2E_") and k != "MODEL_PATH"}
+    env = {**base, "PYTHON": sys.executable, **env}
+    return subprocess.run(["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _compose(overrides: list[str]):
+    import verl
+    from hydra import compose, initialize_config_dir
+
+    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        return compose("ppo_trainer", overrides=overrides)
+
+
+def _print_args(variant: str, workdir: Path, model: Path, **env: str) -> list[str]:
+    result = _script(
+        {
+            "E2E_PRINT_ARGS": "1",
+            "E2E_DEVICE": "cpu",
+            "E2E_VARIANT": variant,
+            "MODEL_PATH": str(model),
+            "E2E_WORKDIR": str(workdir),
+            **env,
+        },
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+@pytest.mark.parametrize("variant", ["full", "resume"])
+def test_variant_arguments_compose(tiny_model_dir, tmp_path, variant):
+    saved = tmp_path / "saved"
+    (saved / "checkpoints").mkdir(parents=True)
+    (saved / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("1")
+    args = _print_args(variant, tmp_path / "run", tiny_model_dir, E2E_RESUME_FROM=str(saved))
+    keys = [arg.split("=", 1)[0].lstrip("+") for arg in args]
+    assert len(keys) == len(set(keys)), "an override given twice"
+    block = read_overrides()
+    assert args[-len(block) :] == block  # the README block last, nothing after it
+    config = _compose(args)
+    trainer, actor = config.trainer, config.actor_rollout_ref.actor
+    assert trainer.n_gpus_per_node == 2 and config.ray_kwargs.ray_init.num_gpus == 2
+    assert config.ray_kwargs.ray_init.resources.cpu >= 2 and config.ray_kwargs.ray_init.num_cpus >= 6
+    assert actor.use_kl_loss is True and actor.kl_loss_type == "low_var_kl" and actor.kl_loss_coef == 0.01
+    assert config.actor_rollout_ref.ref.fsdp_config.dtype == "float32"
+    assert trainer.val_before_train is True and trainer.test_freq == 1
+    assert trainer.validation_data_dir == str(tmp_path / "run" / "validation")
+    assert trainer.default_local_dir == str(tmp_path / "run" / "checkpoints")
+    if variant == "full":
+        assert (trainer.total_training_steps, trainer.save_freq, trainer.resume_mode) == (1, 1, "disable")
+    else:
+        assert (trainer.total_training_steps, trainer.save_freq, trainer.resume_mode) == (2, -1, "auto")
+
+
+def test_base_variant_keeps_one_process_and_no_extras(tiny_model_dir, tmp_path):
+    config = _compose(_print_args("base", tmp_path, tiny_model_dir))
+    trainer = config.trainer
+    assert trainer.n_gpus_per_node == 1 and config.ray_kwargs.ray_init.num_gpus == 1
+    assert config.actor_rollout_ref.actor.use_kl_loss is False
+    assert (trainer.val_before_train, trainer.test_freq, trainer.save_freq) == (False, -1, -1)
+    assert trainer.resume_mode == "disable" and trainer.total_training_steps == 2
+
+
+def test_resume_refuses_without_a_saved_run_or_in_place(tiny_model_dir, tmp_path):
+    env = {"E2E_PRINT_ARGS": "1", "E2E_DEVICE": "cpu", "E2E_VARIANT": "resume", "MODEL_PATH": str(tiny_model_dir)}
+    missing = _script({**env, "E2E_WORKDIR": str(tmp_path / "a"), "E2E_RESUME_FROM": str(tmp_path / "b")}, timeout=60)
+    assert missing.returncode == 1 and "needs a saved run" in missing.stderr
+    (tmp_path / "a" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "a" / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("1")
+    in_place = _script({**env, "E2E_WORKDIR": str(tmp_path / "a"), "E2E_RESUME_FROM": str(tmp_path / "a")}, timeout=60)
+    assert in_place.returncode == 2 and "must be another run's workdir" in in_place.stderr
+    unknown = _script({**env, "E2E_VARIANT": "nope"}, timeout=60)
+    assert unknown.returncode == 2 and "E2E_VARIANT must be" in unknown.stderr
+
+
+def _session_ids() -> set[int]:
+    out = subprocess.run(["ps", "-eo", "sid="], capture_output=True, text=True, check=True).stdout
+    return {int(x) for x in out.split()}
+
+
+def _run_variant(variant: str, workdir: Path, **env: str) -> subprocess.CompletedProcess:
+    result = _script({"E2E_MODEL": "tiny", "E2E_VARIANT": variant, "E2E_WORKDIR": str(workdir), **env}, timeout=1200)
+    assert result.returncode == 0, (
+        f"{variant} run failed (rc {result.returncode}); log: {workdir / 'train.log'}\n"
+        f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    )
+    sessions = {int(m) for m in re.findall(r"^\[e2e\] trainer session: (\d+)$", result.stdout, re.M)}
+    assert len(sessions) == 1 and not sessions & _session_ids()  # nothing of the run is left
+    return result
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU variant; on a GPU run the script directly")
+def test_two_processes_kl_validation_checkpoint_then_resume():
+    # Run 1: E2E_VARIANT=full, total_training_steps=1, checkpoint at step 1.
+    result = _run_variant("full", FULL)
+    assert "OK: 1 step(s)" in result.stdout
+    steps = read_steps(FULL / "metrics.jsonl")
+    assert [(m["step"], is_validation_only(m)) for m in steps] == [(0, True), (1, False)]
+    assert check(steps, 1, 1e-3, 0.999, first_step=1, kl=True, val=True) == []
+    saved = steps[1]
+    assert saved[KL_LOSS] == pytest.approx(0.0, abs=1e-6)  # the actor starts as the reference model
+    log = (FULL / "train.log").read_text()
+    assert "EntropySGLangHttpServer" in log and "EntropyAgentLoopWorker" in log
+    assert {int(r) for r in re.findall(r"SGLang http server: .*replica_rank=(\d+)", log)} == {0, 1}
+    actor_dir = FULL / "checkpoints" / "global_step_1" / "actor"
+    assert sorted(p.name for p in actor_dir.glob("model_world_size_*.pt")) == [
+        "model_world_size_2_rank_0.pt",
+        "model_world_size_2_rank_1.pt",
+    ]
+    assert (FULL / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "1"
+    # the greedy validation changed with the step-1 update, so comparing generations tells weights apart
+    assert same_generations(FULL / "validation" / "0.jsonl", FULL / "validation" / "1.jsonl") != []
+
+    # Run 2: E2E_VARIANT=resume from run 1's checkpoint to total_training_steps=2.
+    result = _run_variant("resume", RESUME, E2E_RESUME_FROM=str(FULL))
+    assert "OK: 1 step(s)" in result.stdout
+    steps = read_steps(RESUME / "metrics.jsonl")
+    assert [(m["step"], is_validation_only(m)) for m in steps] == [(1, True), (2, False)]
+    assert [m["step"] for m in training_steps(steps)] == [2]
+    assert check(steps, 1, 1e-3, 0.999, first_step=2, kl=True, val=True) == []
+    before, resumed = steps
+    log = (RESUME / "train.log").read_text()
+    assert "Resuming from" in log and str(RESUME / "checkpoints" / "global_step_1") in log
+    # the loaded weights are the saved ones: the greedy validation before training reproduces run 1's validation
+    # after its step-1 update, token for token and metric for metric
+    assert same_generations(FULL / "validation" / "1.jsonl", RESUME / "validation" / "1.jsonl") == []
+    assert len(read_generations(RESUME / "validation" / "1.jsonl")) == 4
+    assert val_core(before) == val_core(saved) and before[VAL_ENTROPY_MEAN] == saved[VAL_ENTROPY_MEAN]
+    # and not the initial model (the reference): KL > 0 before any update of this run
+    assert resumed[KL_LOSS] > 0
+    # the same rollout-entropy metrics as the saved run, a finite loss, the engine serving the loaded weights
+    entropy_keys = {k for k in saved if "rollout_entropy" in k}
+    assert {k for k in resumed if "rollout_entropy" in k} == entropy_keys and ENTROPY_MEAN in entropy_keys
+    assert math.isfinite(resumed[PG_LOSS]) and resumed[ENTROPY_MEAN] > 0
+    assert resumed[PROBS_DIFF] <= 1e-3 and resumed[PEARSON] >= 0.999
+    summary = json.loads((RESUME / "summary.json").read_text())
+    assert [row["step"] for row in summary] == [1, 2]

@@ -1,0 +1,315 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""The CPU runtime patches of ``tools/cpu_shims/verl_cpu`` on the real installed torch / verl / sglang.
+
+Patches change process-wide state (``torch.distributed.init_process_group``, ``torch.cpu``, torch's sharing strategy,
+sglang's reduction hook), so every test that applies one does it in a fresh interpreter; the guard tests run here and
+fail before anything is changed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU patches refuse to run where CUDA exists")
+
+verl_cpu = pytest.importorskip("verl_cpu", reason="tools/cpu_shims is not on sys.path (run tools/cpu_env/setup.sh)")
+from verl_cpu import ENV_SWITCH, hook  # noqa: E402
+from verl_cpu._guard import MARK, PatchError  # noqa: E402
+
+PATCH_MODULES = sorted({name for names in hook.PATCHES.values() for name in names})
+
+
+def _run(code: str, *, switch: bool, timeout: int = 300) -> dict:
+    """Run ``code`` in a fresh interpreter of this venv; it prints one JSON object as its last line."""
+    env = {k: v for k, v in os.environ.items() if k != ENV_SWITCH}
+    if switch:
+        env[ENV_SWITCH] = "1"
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_switch_off_installs_nothing():
+    out = _run(
+        """
+        import json, sys
+        import verl.utils.device, torch
+        print(json.dumps({"hook": any(type(f).__name__ == "PatchFinder" for f in sys.meta_path),
+                          "loaded": "verl_cpu" in sys.modules,
+                          "memory": hasattr(torch.cpu, "memory_allocated")}))
+        """,
+        switch=False,
+    )
+    assert out == {"hook": False, "loaded": False, "memory": False}
+
+
+def test_hook_applies_every_patch_in_a_fresh_process():
+    """With the switch on, the .pth hook patches each target right after its import, and each patch works."""
+    out = _run(
+        """
+        import datetime, inspect, json, socket, sys
+        import torch, torch.distributed as dist
+        import verl.workers.fsdp_workers as fsdp_workers  # -> dist_backend; verl.utils.device -> torch_cpu_memory
+        import sglang.srt.server_args as server_args  # -> sglang_device
+        import sglang.srt.utils.common as common  # -> sharing_strategy
+        import sglang.srt.utils.patch_torch as patch_torch  # -> sglang_reduce
+        from verl.utils.device import get_device_name, get_nccl_backend, get_torch_device
+
+        MARK = "__treetune_verl_cpu_patch__"
+        out = {"hook": sum(type(f).__name__ == "PatchFinder" for f in sys.meta_path)}
+        # 1. verl's own backend string, through the patched torch function, gives a working gloo group
+        backend = f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+        dist.init_process_group(backend=backend, rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}",
+                                timeout=datetime.timedelta(seconds=60))
+        t = torch.ones(3); dist.all_reduce(t)
+        out["dist"] = [backend, dist.get_backend(), t.tolist(), getattr(dist.init_process_group, MARK, None),
+                       dist.init_process_group.__wrapped__.__module__]
+        dist.destroy_process_group()
+        # 2. get_torch_device() is torch.cpu and answers verl's memory queries
+        device = get_torch_device()
+        from verl.utils.memory_utils import aggressive_empty_cache
+        aggressive_empty_cache(force_sync=True)
+        out["memory"] = [device is torch.cpu, device.memory_allocated(), device.memory_reserved(),
+                         device.max_memory_allocated(), device.max_memory_reserved(), device.empty_cache()]
+        # 3. ServerArgs without a device
+        out["device"] = [server_args.get_device(), getattr(server_args.get_device, MARK, None),
+                         inspect.signature(server_args.get_device.__wrapped__).parameters.__len__()]
+        # 4. + 5. the sharing strategy; sglang's reduction hook on a CPU tensor
+        patch_torch.monkey_patch_torch_reductions()
+        out["strategy"] = torch.multiprocessing.get_sharing_strategy()
+        out["reduce"] = getattr(patch_torch._reduce_tensor_modified, MARK, None)
+        # applying again (install() re-applies to the imported targets) changes nothing
+        before = [dist.init_process_group, torch.cpu.memory_allocated, server_args.get_device,
+                  patch_torch._reduce_tensor_modified, torch.multiprocessing.reductions.reduce_tensor]
+        import verl_cpu.hook
+        verl_cpu.hook.install(); verl_cpu.hook.install()
+        after = [dist.init_process_group, torch.cpu.memory_allocated, server_args.get_device,
+                 patch_torch._reduce_tensor_modified, torch.multiprocessing.reductions.reduce_tensor]
+        out["idempotent"] = all(a is b for a, b in zip(before, after)) and out["hook"] == 1
+        out["finders"] = sum(type(f).__name__ == "PatchFinder" for f in sys.meta_path)
+        print(json.dumps(out))
+        """,
+        switch=True,
+    )
+    assert out["hook"] == 1 and out["finders"] == 1 and out["idempotent"]
+    assert out["dist"] == [
+        "cpu:gloo,cpu:nccl",
+        "gloo",
+        [1.0, 1.0, 1.0],
+        "dist_backend",
+        "torch.distributed.distributed_c10d",
+    ]
+    assert out["memory"] == [True, 0, 0, 0, 0, None]
+    assert out["device"] == ["cpu", "sglang_device", 1]
+    assert out["strategy"] == "file_system"
+    assert out["reduce"] == "sglang_reduce"
+
+
+def test_cpu_tensor_round_trips_through_sglang_serializer_between_unrelated_processes():
+    """The weight-sync path: ``MultiprocessingSerializer`` with sglang's reduction hook, a CPU tensor, a receiver that
+    is not the sender's child (as the scheduler is not the FSDP worker's). Unpatched: IndexError; patched: equal."""
+    out = _run(
+        """
+        import json, os, subprocess, sys
+        import torch
+        from sglang.srt.utils import MultiprocessingSerializer
+        from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
+
+        monkey_patch_torch_reductions()  # what sglang's weight sync does before serializing
+        tensor = torch.arange(12, dtype=torch.float32).reshape(3, 4) / 7
+        try:
+            MultiprocessingSerializer.serialize(tensor)
+            unpatched = "no error"
+        except IndexError as error:
+            unpatched = f"IndexError: {error}"
+
+        import sglang.srt.utils.common, sglang.srt.utils.patch_torch
+        from verl_cpu import sglang_reduce, sharing_strategy
+        sglang_reduce.apply(sglang.srt.utils.patch_torch)
+        sharing_strategy.apply(sglang.srt.utils.common)
+        payload = MultiprocessingSerializer.serialize([("w", tensor)], output_str=True)
+        receiver = '''
+        import sys, torch
+        from sglang.srt.utils import MultiprocessingSerializer
+        [(name, t)] = MultiprocessingSerializer.deserialize(sys.stdin.read())
+        print(name, t.dtype, list(t.shape), repr(t.sum().item()), t.is_shared())
+        '''
+        env = {k: v for k, v in os.environ.items() if k != "TREETUNE_VERL_CPU_PATCHES"}
+        got = subprocess.run([sys.executable, "-c", receiver], input=payload, env=env, capture_output=True,
+                             text=True, timeout=240, start_new_session=True)
+        print(json.dumps({"unpatched": unpatched, "rc": got.returncode, "received": got.stdout.strip(),
+                          "expected": f"w torch.float32 [3, 4] {tensor.sum().item()!r} True",
+                          "stderr": got.stderr[-2000:]}))
+        """,
+        switch=False,
+    )
+    assert out["unpatched"].startswith("IndexError"), out
+    assert out["rc"] == 0, out["stderr"]
+    assert out["received"] == out["expected"]
+
+
+@pytest.mark.parametrize(
+    "patch, target, attribute, stand_in",
+    [
+        ("dist_backend", "verl.workers.fsdp_workers", None, None),
+        ("sglang_device", "sglang.srt.server_args", "get_device", lambda device_id, extra=None: "cpu"),
+        ("sglang_reduce", "sglang.srt.utils.patch_torch", "_reduce_tensor_modified", lambda tensor: None),
+        ("torch_cpu_memory", "verl.utils.device", "get_torch_device", lambda name: None),
+    ],
+)
+def test_guard_refuses_a_changed_signature(monkeypatch, patch, target, attribute, stand_in):
+    module = importlib.import_module(target)
+    if patch == "dist_backend":  # the replaced function lives in torch.distributed
+        import torch.distributed
+
+        monkeypatch.setattr(torch.distributed, "init_process_group", lambda backend, world: None)
+    else:
+        monkeypatch.setattr(module, attribute, stand_in)
+    with pytest.raises(PatchError, match="parameters .* the patch was written for"):
+        importlib.import_module(f"verl_cpu.{patch}").apply(module)
+
+
+def test_guard_refuses_a_changed_serializer(monkeypatch):
+    import sglang.srt.utils.common as common
+    import torch.multiprocessing
+
+    class Serializer:
+        @staticmethod
+        def serialize(obj, output_str=False, protocol=None):
+            return b""
+
+        deserialize = common.MultiprocessingSerializer.deserialize
+
+    monkeypatch.setattr(common, "MultiprocessingSerializer", Serializer)
+    with pytest.raises(PatchError, match="MultiprocessingSerializer.serialize"):
+        importlib.import_module("verl_cpu.sharing_strategy").apply(common)
+    assert torch.multiprocessing.get_sharing_strategy() == "file_descriptor"
+
+
+@pytest.mark.parametrize("patch", PATCH_MODULES)
+def test_guard_refuses_another_version(monkeypatch, patch):
+    from verl_cpu import _guard
+
+    module = importlib.import_module(patch)
+    monkeypatch.setattr(_guard.importlib.metadata, "version", lambda name: "0.0.1")
+    target = next(t for t, names in hook.PATCHES.items() if patch in names)
+    with pytest.raises(PatchError, match="written for .* but .* 0.0.1 is installed"):
+        module.apply(importlib.import_module(target))
+
+
+def test_each_patch_module_names_its_upstream_and_versions():
+    for name in PATCH_MODULES:
+        module = importlib.import_module(name)
+        assert module.SUPPORTED and name.rsplit(".", 1)[1] == module.PATCH
+        assert "Upstream:" in module.__doc__
+
+
+def test_dist_backend_rewrites_only_verls_cpu_string():
+    from verl_cpu.dist_backend import cpu_backend
+
+    assert cpu_backend("cpu:gloo,cpu:nccl") == "gloo"
+    assert cpu_backend("cpu:gloo,cpu:hccl") == "gloo"
+    for unchanged in ("cpu:gloo,cuda:nccl", "gloo", "nccl", None, "cpu:gloo"):
+        assert cpu_backend(unchanged) == unchanged
+
+
+def test_marks_are_set_on_stand_ins():
+    from verl_cpu import torch_cpu_memory
+
+    assert all(getattr(f, MARK) == "torch_cpu_memory" for f in torch_cpu_memory.STAND_INS)
+
+
+def test_offload_pin_memory_lets_verl_build_an_offloaded_fsdp2_model_on_cpu():
+    """The reference model's path: verl's ``fsdp2_load_full_state_dict`` on an FSDP2 module with the offload policy
+    ``fsdp_workers`` builds it with. torch's ``CPUOffloadPolicy(pin_memory=True)`` fails on CPU; the patched name
+    gives ``pin_memory=False``, is still torch's class, and the sharded model computes what the plain one does."""
+    out = _run(
+        """
+        import datetime, json, socket
+        import torch, torch.distributed as dist
+        import verl.workers.fsdp_workers as fsdp_workers  # -> offload_pin_memory
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import CPUOffloadPolicy as TorchPolicy, fully_shard
+        from verl.utils.fsdp_utils import fsdp2_load_full_state_dict
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+        dist.init_process_group(backend="gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}",
+                                timeout=datetime.timedelta(seconds=60))
+        mesh = init_device_mesh("cpu", (1,))
+
+        def model():
+            torch.manual_seed(0)
+            return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+
+        def build(policy):
+            m = model(); full = m.state_dict()
+            for layer in (m[0], m[2]):
+                fully_shard(layer, mesh=mesh, offload_policy=policy)
+            fully_shard(m, mesh=mesh, offload_policy=policy)
+            fsdp2_load_full_state_dict(m, full, mesh, policy)
+            return m
+
+        try:
+            build(TorchPolicy(pin_memory=True)); unpatched = "no error"
+        except RuntimeError as error:
+            unpatched = str(error)
+        policy = fsdp_workers.CPUOffloadPolicy(pin_memory=True)  # what _build_model_optimizer asks for the ref
+        x = torch.linspace(-1, 1, 12).reshape(3, 4)
+        with torch.no_grad():
+            got, expected = build(policy)(x), model()(x)
+        before = fsdp_workers.CPUOffloadPolicy
+        import verl_cpu.hook
+        verl_cpu.hook.install()
+        print(json.dumps({
+            "unpatched": unpatched, "pin_memory": policy.pin_memory, "isinstance": isinstance(policy, TorchPolicy),
+            "mark": getattr(fsdp_workers.CPUOffloadPolicy, "__treetune_verl_cpu_patch__", None),
+            "wrapped": fsdp_workers.CPUOffloadPolicy.__wrapped__ is TorchPolicy,
+            "equal": torch.allclose(got, expected, atol=1e-6), "idempotent": fsdp_workers.CPUOffloadPolicy is before,
+        }))
+        dist.destroy_process_group()
+        """,
+        switch=True,
+    )
+    assert "Cannot access accelerator device when none is available" in out.pop("unpatched")
+    assert out == {
+        "pin_memory": False,
+        "isinstance": True,
+        "mark": "offload_pin_memory",
+        "wrapped": True,
+        "equal": True,
+        "idempotent": True,
+    }
+
+
+def test_offload_pin_memory_guards(monkeypatch):
+    import verl.workers.fsdp_workers as fsdp_workers
+    from torch.distributed.fsdp import CPUOffloadPolicy
+    from verl_cpu import offload_pin_memory
+
+    class Policy:
+        def __init__(self, pin_memory=True):
+            self.pin_memory = pin_memory
+
+    monkeypatch.setattr(fsdp_workers, "CPUOffloadPolicy", Policy)
+    with pytest.raises(PatchError, match="not torch's"):
+        offload_pin_memory.apply(fsdp_workers)
+    assert fsdp_workers.CPUOffloadPolicy is Policy
+    monkeypatch.setattr(fsdp_workers, "CPUOffloadPolicy", CPUOffloadPolicy)
+    monkeypatch.setattr(fsdp_workers.ActorRolloutRefWorker, "_build_model_optimizer", lambda self, model_path: None)
+    with pytest.raises(PatchError, match="parameters .* the patch was written for"):
+        offload_pin_memory.apply(fsdp_workers)
+    assert fsdp_workers.CPUOffloadPolicy is CPUOffloadPolicy

@@ -1,0 +1,138 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""The trainer hooks on verl 0.7.1's real ``RayPPOTrainer``: rollout-vs-actor entropy agreement, validation metrics.
+
+Real: verl's ``RayPPOTrainer._val_metrics_update`` (the wrapped upstream method runs), ``DataProto``, the guards
+against verl's installed signatures. The trainer's ``_compute_old_log_prob`` needs actor workers, so its wrapper is
+driven with a stand-in for the upstream call that returns what it returns (``old_log_probs``, ``entropys``); the
+whole path runs in the e2e (``treetune_tests/e2e``). References are hand-computed.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+from verl.experimental.agent_loop.agent_loop import AgentLoopManager
+from verl.protocol import DataProto
+from verl.trainer.ppo import ray_trainer
+
+from treetune_verl.agent_loop import EntropyAgentLoopManager
+from treetune_verl.agent_loop import trainer_hooks as hooks
+from treetune_verl.agent_loop.metrics import actor_agreement_metrics
+from treetune_verl.patching import is_patched, original_of
+
+ROLLOUT = torch.tensor([[1.0, 2.0, 0.0], [0.5, 0.0, 0.0], [0.0, 0.0, 0.0]])
+ACTOR = torch.tensor([[1.1, 1.7, 9.0], [0.5, 9.0, 9.0], [3.0, 3.0, 3.0]])
+MASK = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]])
+HAS = torch.tensor([True, True, False])
+
+
+def test_agreement_metrics_over_masked_rows_with_entropy():
+    metrics = actor_agreement_metrics(ROLLOUT, ACTOR, MASK, HAS)
+    assert metrics["rollout_entropy/actor_abs_diff/mean"] == pytest.approx((0.1 + 0.3 + 0.0) / 3)
+    assert metrics["rollout_entropy/actor_abs_diff/max"] == pytest.approx(0.3)
+    assert actor_agreement_metrics(ROLLOUT, ACTOR, torch.zeros_like(MASK)) == {}
+
+
+@pytest.mark.parametrize(
+    ("entropy", "temperature", "defined"),
+    [
+        ({"top_k": 0, "mode": "raw"}, 1.0, True),
+        ({"top_k": 0, "mode": "raw"}, 0.7, False),  # raw entropy is of softmax(z), the actor's of softmax(z / T)
+        ({"top_k": 0, "mode": "tempered"}, 0.7, True),
+        ({"top_k": 20, "mode": "tempered"}, 1.0, False),  # the actor's entropy is over the full vocabulary
+    ],
+)
+def test_agreement_is_defined_only_for_the_actors_distribution(entropy, temperature, defined):
+    rollout = OmegaConf.create({"temperature": temperature, "custom": {"entropy": entropy}})
+    assert hooks.agreement_is_defined(rollout) is defined
+
+
+def _trainer(entropy_mode: str = "raw", temperature: float = 1.0):
+    rollout = {"temperature": temperature, "custom": {"entropy": {"top_k": 0, "mode": entropy_mode}}}
+    trainer = object.__new__(ray_trainer.RayPPOTrainer)
+    trainer.config = OmegaConf.create({"actor_rollout_ref": {"rollout": rollout}})
+    return trainer
+
+
+def _batch() -> DataProto:
+    return DataProto.from_dict(tensors={"rollout_entropy": ROLLOUT, "response_mask": MASK, "has_rollout_entropy": HAS})
+
+
+def test_old_log_prob_hook_leaves_the_agreement_for_the_steps_metrics():
+    old = DataProto.from_dict(tensors={"old_log_probs": torch.zeros(3, 3), "entropys": ACTOR})
+    wrapped = hooks._wrap_compute_old_log_prob(lambda self, batch: (old, 0.25))
+    batch = _batch()
+    assert wrapped(_trainer(), batch) == (old, 0.25)
+    pending = batch.meta_info[hooks.PENDING_METRICS_KEY]
+    assert pending == actor_agreement_metrics(ROLLOUT, ACTOR, MASK, HAS)
+    # compute_data_metrics (wrapped) hands them over once, with verl's own metrics
+    data_metrics = hooks._wrap_compute_data_metrics(lambda batch, use_critic=True: {"critic/score/mean": 1.0})
+    assert data_metrics(batch=batch, use_critic=False) == {"critic/score/mean": 1.0, **pending}
+    assert hooks.PENDING_METRICS_KEY not in batch.meta_info
+
+    not_comparable = _batch()
+    wrapped(_trainer("raw", temperature=0.7), not_comparable)
+    assert hooks.PENDING_METRICS_KEY not in not_comparable.meta_info
+
+
+def test_val_metrics_update_adds_the_validation_rollouts_entropy():
+    """verl's real ``_val_metrics_update`` runs; the manager's validation metrics are added under ``val-aux/``."""
+    manager = object.__new__(EntropyAgentLoopManager)
+    manager._validation_rollouts = [_batch(), _batch()]
+    trainer = _trainer()
+    trainer.async_rollout_manager = manager
+    wrapped = hooks._wrap_val_metrics_update(original_of(ray_trainer.RayPPOTrainer._val_metrics_update))
+    metrics = wrapped(trainer, np.array(["arith"] * 2), ["u0", "u1"], {"reward": [1.0, 0.0]}, [])
+    assert metrics["val-core/arith/reward/mean@1"] == 0.5  # verl's own
+    assert metrics["val-aux/rollout_entropy/mean"] == pytest.approx(3.5 / 3)  # rows 0 and 1, twice
+    assert metrics["val-aux/rollout_entropy/max"] == 2.0
+    assert metrics["val-aux/rollout_entropy/rows_without_entropy"] == 2.0
+    assert manager._validation_rollouts == []  # taken: the next validation starts afresh
+    assert (
+        wrapped(trainer, np.array(["arith"]), ["u0"], {"reward": [1.0]}, []).get("val-aux/rollout_entropy/mean") is None
+    )
+
+
+def test_install_is_idempotent_and_guarded(monkeypatch):
+    for owner, name in [
+        (ray_trainer.RayPPOTrainer, "_compute_old_log_prob"),
+        (ray_trainer, "compute_data_metrics"),
+        (ray_trainer.RayPPOTrainer, "_val_metrics_update"),
+    ]:
+        monkeypatch.setattr(owner, name, original_of(getattr(owner, name)))  # upstream for this test, restored after
+    hooks.install_trainer_hooks()
+    first = ray_trainer.RayPPOTrainer._compute_old_log_prob
+    hooks.install_trainer_hooks()
+    assert ray_trainer.RayPPOTrainer._compute_old_log_prob is first and is_patched(ray_trainer, "compute_data_metrics")
+
+    monkeypatch.setattr(ray_trainer, "compute_data_metrics", lambda batch: {})  # an upstream signature change
+    with pytest.raises(hooks.UnsupportedVerlError, match="compute_data_metrics.*verl==0.7.1"):
+        hooks.install_trainer_hooks()
+    monkeypatch.setattr("verl.__version__", "0.8.0")
+    with pytest.raises(hooks.UnsupportedVerlError, match="found 0.8.0"):
+        hooks.install_trainer_hooks()
+
+
+def test_validation_rollouts_are_kept_by_generate_sequences():
+    """Only batches with ``meta_info["validate"]`` are kept, with the three keys the metrics need."""
+    manager = object.__new__(EntropyAgentLoopManager)
+    manager._validation_rollouts = []
+    out = _batch()
+    out.batch["responses"] = torch.zeros(3, 3, dtype=torch.long)
+
+    async def parent(self, prompts):
+        return out
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(AgentLoopManager, "generate_sequences", parent)  # the parent's fan-out to the workers
+        # verl's auto_await: called outside an event loop, it runs the coroutine (as RayPPOTrainer.fit calls it)
+        assert manager.generate_sequences(SimpleNamespace(meta_info={"validate": False})) is out
+        assert manager._validation_rollouts == []
+        manager.generate_sequences(SimpleNamespace(meta_info={"validate": True}))
+    (kept,) = manager._validation_rollouts
+    assert set(kept.batch.keys()) == {"rollout_entropy", "response_mask", "has_rollout_entropy"}

@@ -1,0 +1,208 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""The package's import graph points one way along the entropy's path, has no cycle, and every module imports alone.
+
+The graph is read from the source (every ``import`` statement, including those inside functions, which run later
+but still tie the modules together), so a test fails the moment someone adds a forbidden edge, whether or not the
+code path runs here. Layers, lowest first: the sglang side knows nothing of verl; the verl side's server
+(``rollout``) imports the sglang side; the agent loops import both; the probe stands alone. The fresh-interpreter
+test then imports each module on its own, which catches what static reading cannot (an import that only works when
+another module happened to be imported first).
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import treetune_verl
+
+PACKAGE_DIR = Path(treetune_verl.__file__).resolve().parent
+ROOT = "treetune_verl"
+
+# Sub-packages in path order: a module may import its own layer and the layers before it, never a later one.
+LAYERS = ["treetune_verl.sglang", "treetune_verl.rollout", "treetune_verl.agent_loop"]
+# Stand-alone sub-packages: import nothing of the layers above (and the layers never import them).
+STANDALONE = ["treetune_verl.probe"]
+# Shared leaves anyone may import; they import nothing of ours.
+LEAVES = {"treetune_verl", "treetune_verl.model_cache", "treetune_verl.config", "treetune_verl.patching"}
+# Third-party packages a layer must not import: the sglang side stays usable without verl.
+FORBIDDEN_THIRD_PARTY = {"treetune_verl.sglang": {"verl"}, "treetune_verl.probe": {"verl", "sglang"}}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def package_modules() -> dict[str, Path]:
+    return {module_name(path): path for path in sorted(PACKAGE_DIR.rglob("*.py"))}
+
+
+MODULES = package_modules()
+
+
+def imported_names(path: Path, name: str) -> set[str]:
+    """Absolute names of everything ``path`` imports (``from a import b`` gives ``a.b`` when that is a module)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    is_package = path.name == "__init__.py"
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative import: resolve against this module's package
+                base = name.split(".") if is_package else name.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            for alias in node.names:
+                candidate = f"{source}.{alias.name}"
+                names.add(candidate if candidate in MODULES else source)
+    return names
+
+
+def internal_graph() -> dict[str, set[str]]:
+    """Edges between our own modules; an import of ``a.b.c`` also runs ``a/__init__`` and ``a/b/__init__``."""
+    graph: dict[str, set[str]] = {}
+    for name, path in MODULES.items():
+        targets = set()
+        for imported in imported_names(path, name):
+            if imported == ROOT or imported.startswith(ROOT + "."):
+                parts = imported.split(".")
+                for i in range(1, len(parts) + 1):
+                    prefix = ".".join(parts[:i])
+                    if prefix in MODULES and prefix != name and not name.startswith(prefix + "."):
+                        targets.add(prefix)
+        graph[name] = targets
+    return graph
+
+
+def owner(module: str) -> str:
+    for group in LAYERS + STANDALONE:
+        if module == group or module.startswith(group + "."):
+            return group
+    if module in LEAVES or module.startswith("treetune_verl.config."):
+        return "leaf"
+    raise AssertionError(f"{module} belongs to no layer: add it to LAYERS, STANDALONE or LEAVES in this test")
+
+
+def layering_violations(graph: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for module, targets in graph.items():
+        src = owner(module)
+        for target in targets:
+            dst = owner(target)
+            if dst == "leaf" or dst == src:
+                continue
+            if src == "leaf":
+                bad.append(f"{module} (a shared leaf) imports {target}")
+            elif src in STANDALONE or dst in STANDALONE:
+                bad.append(f"{module} imports {target}: {STANDALONE} stand alone")
+            elif LAYERS.index(dst) > LAYERS.index(src):
+                bad.append(f"{module} ({src}) imports {target} ({dst}), a later layer")
+    return sorted(bad)
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a path ``[a, b, ..., a]``, or ``None``."""
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt) :] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_every_module_belongs_to_a_layer():
+    for module in MODULES:
+        owner(module)
+
+
+def test_imports_point_one_way_along_the_path():
+    assert layering_violations(internal_graph()) == []
+
+
+def test_no_import_cycle():
+    assert find_cycle(internal_graph()) is None
+
+
+def test_no_forbidden_third_party_imports():
+    bad = []
+    for module, path in MODULES.items():
+        for group, forbidden in FORBIDDEN_THIRD_PARTY.items():
+            if module == group or module.startswith(group + "."):
+                bad += [f"{module} imports {n}" for n in imported_names(path, module) if n.split(".")[0] in forbidden]
+    assert bad == []
+
+
+def test_the_checks_catch_a_backward_edge_and_a_cycle():
+    """The two checks above would fail on the mistakes they guard against (checked on a copy of the real graph)."""
+    graph = {module: set(targets) for module, targets in internal_graph().items()}
+    graph["treetune_verl.sglang.entropy"].add("treetune_verl.agent_loop.fields")
+    assert layering_violations(graph) == [
+        "treetune_verl.sglang.entropy (treetune_verl.sglang) imports treetune_verl.agent_loop.fields "
+        "(treetune_verl.agent_loop), a later layer"
+    ]
+    graph = {module: set(targets) for module, targets in internal_graph().items()}
+    graph["treetune_verl.sglang.config"].add("treetune_verl.sglang.entropy")  # entropy imports config
+    assert find_cycle(graph) is not None
+
+
+def test_imports_inside_functions_are_read(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text("def f():\n    from treetune_verl.agent_loop import fields\n")
+    assert "treetune_verl.agent_loop.fields" in imported_names(source, "treetune_verl.sglang.m")
+
+
+# The sglang side and the agent loops must not pull sglang's heavy import into processes that do not need it: every
+# agent-loop worker process unpickles our classes (Ray pickles by module).
+NO_SGLANG_IMPORT = ["treetune_verl.agent_loop", "treetune_verl.rollout.token_output", "treetune_verl.probe"]
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_module_imports_in_a_fresh_interpreter(module):
+    check = f"import sys, {module}; print('sglang' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, f"import {module} failed in a fresh interpreter:\n{result.stderr[-3000:]}"
+    if module in NO_SGLANG_IMPORT:
+        assert result.stdout.strip().splitlines()[-1] == "False", f"importing {module} imported sglang"
+
+
+REPO_ROOT = PACKAGE_DIR.parent
+
+
+def test_architecture_page_and_readme_name_every_module_and_folder():
+    """The map in agent-docs/architecture.md names every module; the README layout table names every package folder."""
+    page = (REPO_ROOT / "agent-docs" / "architecture.md").read_text()
+    missing = [
+        str(path.relative_to(PACKAGE_DIR))
+        for path in MODULES.values()
+        if path.stem not in {"__init__", "__main__"} and f"{path.name}`" not in page
+    ]
+    assert missing == [], f"agent-docs/architecture.md does not name: {missing}"
+    readme = (REPO_ROOT / "README.md").read_text()
+    folders = sorted(
+        {path.parent for path in MODULES.values() if path.parent != PACKAGE_DIR and path.name == "__init__.py"}
+    )
+    unnamed = [str(f.relative_to(REPO_ROOT)) for f in folders if f"`{f.relative_to(REPO_ROOT)}/`" not in readme]
+    unnamed = [f for f in unnamed if not f.startswith("treetune_verl/probe/config")]  # inside probe/
+    assert unnamed == [], f"README.md's layout table does not name: {unnamed}"

@@ -1,0 +1,83 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""Per-step rollout-entropy metrics over the model-generated tokens of a batch, and its agreement with the actor.
+
+The last stop on the entropy's path: the manager adds :func:`rollout_entropy_metrics` to verl's generation timing
+dict, which the trainer logs as ``timing_s/agent_loop/rollout_entropy/{mean,p50,p90,max}``; the trainer hooks add
+:func:`actor_agreement_metrics` (the sampler's entropy against the actor's own entropy of the same tokens).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+METRIC_PREFIX = "agent_loop/rollout_entropy"
+AGREEMENT_PREFIX = "rollout_entropy/actor_abs_diff"
+ROWS_WITHOUT_ENTROPY_METRIC = f"{METRIC_PREFIX}/rows_without_entropy"
+
+
+def rollout_entropy_metrics(
+    entropy: torch.Tensor, response_mask: torch.Tensor, has_entropy: torch.Tensor | None = None
+) -> dict[str, float]:
+    """Mean, median, 90th percentile and maximum of the entropy (nats) over model-generated tokens.
+
+    Shape notation: ``B`` = batch, ``R`` = response_length.
+
+    Args:
+        entropy: ``[B, R]`` float, ``batch["rollout_entropy"]``.
+        response_mask: ``[B, R]`` 0/1, ``batch["response_mask"]``; only tokens with 1 count (all pooled together,
+            so a long response weighs more than a short one).
+        has_entropy: ``[B]`` bool, ``batch["has_rollout_entropy"]``; rows with ``False`` (a loop that carries no
+            entropy) are left out: their zeros are not measured entropies. ``None``: every row counts.
+
+    Returns:
+        ``{"agent_loop/rollout_entropy/{mean,p50,p90,max}": float}`` (percentiles linearly interpolated, as
+        ``numpy.percentile``; absent when no token counts) and, with ``has_entropy``,
+        ``"agent_loop/rollout_entropy/rows_without_entropy"``: how many rows were left out.
+    """
+    mask = response_mask.bool()
+    metrics: dict[str, float] = {}
+    if has_entropy is not None:
+        mask = mask & has_entropy.bool().unsqueeze(-1)
+        metrics[ROWS_WITHOUT_ENTROPY_METRIC] = float((~has_entropy.bool()).sum())
+    values = entropy[mask].double().cpu().numpy()
+    if values.size == 0:
+        return metrics
+    p50, p90 = np.percentile(values, [50, 90])
+    return metrics | {
+        f"{METRIC_PREFIX}/mean": float(values.mean()),
+        f"{METRIC_PREFIX}/p50": float(p50),
+        f"{METRIC_PREFIX}/p90": float(p90),
+        f"{METRIC_PREFIX}/max": float(values.max()),
+    }
+
+
+def actor_agreement_metrics(
+    rollout_entropy: torch.Tensor,
+    actor_entropy: torch.Tensor,
+    response_mask: torch.Tensor,
+    has_entropy: torch.Tensor | None = None,
+) -> dict[str, float]:
+    """Mean and max of ``|rollout_entropy - actor_entropy|`` (nats) over the model-generated tokens.
+
+    The end-to-end alignment check: the sampler's entropy of each token against the entropy that verl's actor
+    computes for the same token in its old-log-prob pass. Comparable when both describe the same distribution:
+    ``tempered`` mode (or ``raw`` at temperature 1) over the full vocabulary. Shape notation as above.
+
+    Args:
+        rollout_entropy: ``[B, R]`` ``batch["rollout_entropy"]``.
+        actor_entropy: ``[B, R]`` the actor's per-token entropy (verl's ``entropys``).
+        response_mask: ``[B, R]`` 0/1; only tokens with 1 count.
+        has_entropy: ``[B]`` bool; rows with ``False`` carry no rollout entropy and are left out.
+
+    Returns:
+        ``{"rollout_entropy/actor_abs_diff/{mean,max}": float}``, or ``{}`` when no token counts.
+    """
+    mask = response_mask.bool()
+    if has_entropy is not None:
+        mask = mask & has_entropy.bool().unsqueeze(-1)
+    diff = (rollout_entropy.double() - actor_entropy.double()).abs()[mask]
+    if diff.numel() == 0:
+        return {}
+    return {f"{AGREEMENT_PREFIX}/mean": float(diff.mean()), f"{AGREEMENT_PREFIX}/max": float(diff.max())}

@@ -1,0 +1,68 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""How an agent loop sees the entropy its server served, and hands it on next to ``response_ids``.
+
+``EntropyRecorder`` wraps a loop's ``server_manager`` and keeps the entropy of the last ``generate``;
+``attach_response_entropy`` puts a loop's entropy into ``AgentLoopOutput.extra_fields`` truncated as verl truncates
+the response. Shared by every entropy agent loop.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from treetune_verl.agent_loop.fields import RESPONSE_ENTROPY_KEY
+from treetune_verl.rollout.rollout_config import CONFIG_PATH
+
+
+def served_entropy(output: Any) -> list[float]:
+    """The per-token entropy carried by a server's output; raises if absent or misaligned with ``token_ids``."""
+    entropy = getattr(output, "entropy", None)
+    if entropy is None:
+        raise RuntimeError(
+            f"the inference server returned no per-token entropy ({type(output).__name__}): rollout entropy needs "
+            f"treetune_verl's EntropySGLangHttpServer (select {CONFIG_PATH}.agent.agent_loop_manager_class="
+            f"treetune_verl.agent_loop.EntropyAgentLoopManager) and {CONFIG_PATH}.calculate_log_probs=True"
+        )
+    if len(entropy) != len(output.token_ids):
+        raise RuntimeError(f"server returned {len(entropy)} entropies for {len(output.token_ids)} tokens")
+    return [float(value) for value in entropy]
+
+
+def attach_response_entropy(output: Any, entropy: list[float], response_length: int) -> None:
+    """Truncate ``entropy`` to ``response_length`` as verl truncates ``response_ids`` and put it into
+    ``output.extra_fields["response_entropy"]``; raises if it does not align with ``output.response_ids``."""
+    entropy = entropy[:response_length]
+    if len(entropy) != len(output.response_ids):
+        raise RuntimeError(f"entropy/response misaligned: {len(entropy)} != {len(output.response_ids)}")
+    output.extra_fields[RESPONSE_ENTROPY_KEY] = entropy
+
+
+class EntropyRecorder:
+    """Stands in for an agent loop's ``server_manager``: forwards ``generate`` and keeps the entropy it served.
+
+    verl creates one agent-loop object per sample and each loop awaits one ``generate`` at a time, so a single
+    pending slot is enough: the loop reads it with :meth:`take` right after the parent's handler returns.
+    Everything else is forwarded to the wrapped manager.
+    """
+
+    def __init__(self, server_manager: Any) -> None:
+        self._server_manager = server_manager
+        self._pending: list[float] | None = None
+
+    async def generate(self, *args: Any, **kwargs: Any) -> Any:
+        output = await self._server_manager.generate(*args, **kwargs)
+        self._pending = served_entropy(output)
+        return output
+
+    def take(self) -> list[float]:
+        """Entropy of the last ``generate`` (one value per returned token); raises if none happened since."""
+        if self._pending is None:
+            raise RuntimeError("EntropyRecorder.take(): no generate() call since the last take()")
+        entropy, self._pending = self._pending, None
+        return entropy
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # not yet initialised (copy/pickle) or private: do not recurse
+            raise AttributeError(name)
+        return getattr(self._server_manager, name)

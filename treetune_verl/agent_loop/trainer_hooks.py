@@ -1,0 +1,121 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""Hooks on verl 0.7.1's ``RayPPOTrainer`` that log what only the trainer sees, installed by the manager.
+
+The manager (``entropy_manager.py``) is built inside the trainer's process before ``fit`` runs, so it installs
+these three one-attribute patches there (idempotent, guarded by verl's version and the exact signatures):
+
+- ``RayPPOTrainer._compute_old_log_prob``: the actor's per-token entropy of the sampled tokens exists only in its
+  result (``entropys``, popped by ``fit`` right after ``actor/entropy`` is computed, ``ray_trainer.py:1404-1419``).
+  The wrapper compares it with ``batch["rollout_entropy"]`` and leaves ``rollout_entropy/actor_abs_diff/{mean,max}``
+  in ``batch.meta_info`` (when the two describe the same distribution: see :func:`agreement_is_defined`).
+- ``ray_trainer.compute_data_metrics`` (looked up as a module global by ``fit``, ``ray_trainer.py:1578``): returns
+  verl's metrics plus those left in ``batch.meta_info``, so they reach every logger with the step's metrics.
+- ``RayPPOTrainer._val_metrics_update`` (end of ``_validate``, ``ray_trainer.py:625``): adds the rollout-entropy
+  metrics of the validation rollouts, which the manager collected, as ``val-aux/rollout_entropy/...``; verl's
+  validation drops the generation output's ``meta_info["timing"]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from treetune_verl.agent_loop.fields import HAS_ROLLOUT_ENTROPY_KEY, ROLLOUT_ENTROPY_KEY
+from treetune_verl.agent_loop.metrics import actor_agreement_metrics
+from treetune_verl.patching import replace_attr, signature_mismatch
+from treetune_verl.rollout.rollout_config import entropy_config
+
+SUPPORTED_VERL_VERSIONS: tuple[str, ...] = ("0.7.1",)
+PENDING_METRICS_KEY = "treetune_step_metrics"  # batch.meta_info: metrics to add to this step's data metrics
+ACTOR_ENTROPY_KEY = "entropys"  # verl's name for the actor's per-token entropy in _compute_old_log_prob's result
+
+# Signatures the wrappers repeat: verl 0.7.1 trainer/ppo/ray_trainer.py.
+_COMPUTE_OLD_LOG_PROB_PARAMS = ("self", "batch")
+_COMPUTE_DATA_METRICS_PARAMS = ("batch", "use_critic")
+_VAL_METRICS_UPDATE_PARAMS = ("self", "data_sources", "sample_uids", "reward_extra_infos_dict", "sample_turns")
+
+
+class UnsupportedVerlError(RuntimeError):
+    """The installed verl is not one the trainer hooks were written for."""
+
+
+def agreement_is_defined(rollout_config: Any) -> bool:
+    """Whether rollout entropy and the actor's entropy describe the same distribution.
+
+    verl's actor computes the entropy of softmax(logits / T) over the full vocabulary at the rollout temperature T
+    (``dp_actor.py`` ``_forward_micro_batch``): ``tempered`` mode, or ``raw`` mode at T = 1, without top-k.
+    """
+    config = entropy_config(rollout_config)
+    temperature = float(rollout_config.get("temperature", 1.0))
+    return config.top_k is None and (config.mode == "tempered" or temperature == 1.0)
+
+
+def _check(fn: Any, expected: tuple[str, ...], where: str) -> None:
+    found = signature_mismatch(fn, expected)
+    if found is not None:
+        raise UnsupportedVerlError(
+            f"verl {where} has signature {found}, expected {expected} (verl {', '.join(SUPPORTED_VERL_VERSIONS)}): "
+            "the treetune trainer hook for it would be wrong. Install verl==0.7.1."
+        )
+
+
+def _wrap_compute_old_log_prob(original):
+    def _compute_old_log_prob(self, batch):
+        old_log_prob, mfu = original(self, batch)
+        actor_entropy = old_log_prob.batch.get(ACTOR_ENTROPY_KEY, None)
+        rollout_entropy = batch.batch.get(ROLLOUT_ENTROPY_KEY, None)
+        if (
+            actor_entropy is not None
+            and rollout_entropy is not None
+            and agreement_is_defined(self.config.actor_rollout_ref.rollout)
+        ):
+            metrics = actor_agreement_metrics(
+                rollout_entropy, actor_entropy, batch.batch["response_mask"], batch.batch.get(HAS_ROLLOUT_ENTROPY_KEY)
+            )
+            batch.meta_info.setdefault(PENDING_METRICS_KEY, {}).update(metrics)
+        return old_log_prob, mfu
+
+    return _compute_old_log_prob
+
+
+def _wrap_compute_data_metrics(original):
+    def compute_data_metrics(batch, use_critic=True):
+        metrics = original(batch, use_critic)
+        metrics.update(batch.meta_info.pop(PENDING_METRICS_KEY, {}))
+        return metrics
+
+    return compute_data_metrics
+
+
+def _wrap_val_metrics_update(original):
+    def _val_metrics_update(self, data_sources, sample_uids, reward_extra_infos_dict, sample_turns):
+        metrics = original(self, data_sources, sample_uids, reward_extra_infos_dict, sample_turns)
+        take = getattr(self.async_rollout_manager, "take_validation_metrics", None)
+        if take is not None:
+            metrics.update({f"val-aux/{key.removeprefix('agent_loop/')}": value for key, value in take().items()})
+        return metrics
+
+    return _val_metrics_update
+
+
+def install_trainer_hooks() -> None:
+    """Install the three hooks in this process (idempotent).
+
+    Raises:
+        UnsupportedVerlError: another verl version, or a changed signature of a wrapped function.
+    """
+    import verl
+    from verl.trainer.ppo import ray_trainer
+
+    if verl.__version__ not in SUPPORTED_VERL_VERSIONS:
+        raise UnsupportedVerlError(
+            f"treetune_verl's trainer hooks support verl {', '.join(SUPPORTED_VERL_VERSIONS)}; found "
+            f"{verl.__version__}. Install verl==0.7.1."
+        )
+    trainer = ray_trainer.RayPPOTrainer
+    _check(trainer._compute_old_log_prob, _COMPUTE_OLD_LOG_PROB_PARAMS, "RayPPOTrainer._compute_old_log_prob")
+    _check(ray_trainer.compute_data_metrics, _COMPUTE_DATA_METRICS_PARAMS, "ray_trainer.compute_data_metrics")
+    _check(trainer._val_metrics_update, _VAL_METRICS_UPDATE_PARAMS, "RayPPOTrainer._val_metrics_update")
+    replace_attr(trainer, "_compute_old_log_prob", _wrap_compute_old_log_prob)
+    replace_attr(ray_trainer, "compute_data_metrics", _wrap_compute_data_metrics)
+    replace_attr(trainer, "_val_metrics_update", _wrap_val_metrics_update)

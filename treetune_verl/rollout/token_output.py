@@ -1,0 +1,21 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""``EntropyTokenOutput``: what crosses from the inference server to the agent loops, entropy next to each token.
+
+Kept free of sglang imports on purpose: it is unpickled in every agent-loop worker process (Ray pickles classes by
+module), and importing sglang there would cost tens of seconds per process for nothing.
+"""
+
+from __future__ import annotations
+
+from verl.workers.rollout.replica import TokenOutput
+
+
+class EntropyTokenOutput(TokenOutput):
+    """verl's ``TokenOutput`` plus the entropy (nats) of the distribution each token was sampled from.
+
+    ``entropy[i]`` belongs to ``token_ids[i]``; ``None`` when the request did not ask for logprobs (sglang computes
+    entropy only for requests with ``return_logprob=True``).
+    """
+
+    entropy: list[float] | None = None

@@ -1,0 +1,38 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""The sglang server settings under which per-token entropy would be missing or misaligned, refused up front.
+
+One check, run wherever server arguments are known before a scheduler starts: by ``install()``'s wrapper of
+``_launch_subprocesses`` (in-process Engines), inside the spawned scheduler (``scheduler_patches``), and on the
+arguments verl is about to build (``treetune_verl.rollout.rollout_config``). Imports nothing from sglang.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from treetune_verl.sglang.patching import UnsupportedSGLangError
+
+
+def check_server_args(server_args: Any) -> None:
+    """Refuse configurations in which per-token entropy would be missing or misaligned.
+
+    ``server_args`` is sglang's ``ServerArgs`` or anything with the same attribute names (absent ones read as
+    sglang's defaults).
+
+    Raises:
+        UnsupportedSGLangError: naming every refused setting.
+    """
+    refusals = {
+        "dp_size > 1 (the data-parallel controller starts schedulers with sglang's own run_scheduler_process, "
+        "bypassing the injected one)": getattr(server_args, "dp_size", 1) > 1,
+        "speculative decoding (several tokens per step, sampled outside the patched Sampler)": getattr(
+            server_args, "speculative_algorithm", None
+        )
+        is not None,
+        "pp_size > 1 (pipeline-parallel result processing is not patched)": getattr(server_args, "pp_size", 1) > 1,
+        "disaggregated prefill/decode (not patched)": getattr(server_args, "disaggregation_mode", "null") != "null",
+    }
+    refused = [what for what, bad in refusals.items() if bad]
+    if refused:
+        raise UnsupportedSGLangError("treetune entropy extraction does not support: " + "; ".join(refused))
