@@ -11,7 +11,9 @@ rollout engine's token probabilities against the actor's recomputation of the sa
 ``rollout.calculate_log_probs`` must be on). Those two show that the engine serves the weights the actor holds: at
 step 1 the initial sync (verl starts the server with ``rollout.load_format=dummy`` weights), from step 2 on the
 weights the actor trained (after a resume: the weights loaded from the checkpoint). The optional bounds
-``--max-probs-diff`` / ``--min-pearson`` apply to every step.
+``--max-probs-diff`` / ``--min-pearson`` apply to every step. ``--max-entropy-diff X``: the package's end-to-end
+alignment metric ``rollout_entropy/actor_abs_diff/mean`` (|rollout entropy - the actor's entropy of the same token|,
+logged when both describe the same distribution) is present at every step and at most X.
 
 Variant checks (``E2E_VARIANT=full|resume`` of ``test_entropy_e2e.sh``):
 
@@ -44,11 +46,12 @@ ENTROPY_MEAN = "timing_s/agent_loop/rollout_entropy/mean"
 PROBS_DIFF = "training/rollout_probs_diff_mean"
 PEARSON = "training/rollout_actor_probs_pearson_corr"
 KL_LOSS = "actor/kl_loss"
+ENTROPY_DIFF = "rollout_entropy/actor_abs_diff/mean"
 VAL_CORE_PREFIX = "val-core/"
 VAL_ENTROPY_MEAN = "val-aux/rollout_entropy/mean"
 # actor/kl_loss at global step 1, where the actor is the reference model (same weights, both fp32 on CPU: 0.0 measured)
 KL_AT_START_MAX = 1e-6
-REPORTED = (PG_LOSS, GRAD_NORM, ENTROPY_MEAN, PROBS_DIFF, PEARSON, "critic/score/mean", "timing_s/step")
+REPORTED = (PG_LOSS, GRAD_NORM, ENTROPY_MEAN, ENTROPY_DIFF, PROBS_DIFF, PEARSON, "critic/score/mean", "timing_s/step")
 VARIANT_REPORTED = (KL_LOSS, VAL_ENTROPY_MEAN)
 
 
@@ -97,6 +100,7 @@ def check(
     first_step: int | None = None,
     kl: bool = False,
     val: bool = False,
+    max_entropy_diff: float | None = None,
 ) -> list[str]:
     """Every failed acceptance check, as a message (empty: accepted). ``steps``: all records (``read_steps``)."""
     errors: list[str] = []
@@ -117,6 +121,14 @@ def check(
             _need(errors, metrics, PROBS_DIFF, lambda v: v <= max_probs_diff, f"<= {max_probs_diff} ({stale})")
         if min_pearson is not None:
             _need(errors, metrics, PEARSON, lambda v: v >= min_pearson, f">= {min_pearson} ({stale})")
+        if max_entropy_diff is not None:
+            _need(
+                errors,
+                metrics,
+                ENTROPY_DIFF,
+                lambda v: v <= max_entropy_diff,
+                f"<= {max_entropy_diff} (rollout entropy and the actor's entropy of the same tokens disagree)",
+            )
         if kl:
             if metrics["step"] <= 1:
                 _need(
@@ -198,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-steps", type=int, default=2)
     parser.add_argument("--max-probs-diff", type=float, default=None)
     parser.add_argument("--min-pearson", type=float, default=None)
+    parser.add_argument("--max-entropy-diff", type=float, default=None, help=f"bound on {ENTROPY_DIFF}")
     parser.add_argument("--first-step", type=int, default=None, help="the trained steps are exactly N, N+1, ...")
     parser.add_argument("--kl", action="store_true", help="reference model + KL loss: check actor/kl_loss")
     parser.add_argument("--val", action="store_true", help="validation before training and at every step")
@@ -221,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         first_step=args.first_step,
         kl=args.kl,
         val=args.val,
+        max_entropy_diff=args.max_entropy_diff,
     )
     if args.same_generations is not None:
         errors += same_generations(*args.same_generations)

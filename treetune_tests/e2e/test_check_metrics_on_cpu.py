@@ -10,6 +10,7 @@ import json
 import pytest
 
 from treetune_tests.e2e.check_metrics import (
+    ENTROPY_DIFF,
     ENTROPY_MEAN,
     GRAD_NORM,
     KL_LOSS,
@@ -133,3 +134,15 @@ def test_cli_reads_the_file_logger_format(tmp_path, capsys):
     rows = json.loads(summary.read_text())
     assert rows[1][KL_LOSS] == 0.0 and rows[0][VAL_CORE] == 0.08
     assert main([str(path), "--min-steps", "2"]) == 1
+
+
+def test_entropy_agreement_bound():
+    """``--max-entropy-diff``: the rollout-vs-actor entropy metric must be logged at every step and within bound."""
+    good = [_train(1, **{ENTROPY_DIFF: 1.1e-6}), _train(2, **{ENTROPY_DIFF: 1.2e-6})]
+    assert check(good, min_steps=2, max_entropy_diff=1e-3) == []
+    far = [_train(1, **{ENTROPY_DIFF: 0.2}), _train(2)]
+    errors = check(far, min_steps=2, max_entropy_diff=1e-3)
+    assert len(errors) == 2
+    assert errors[0].startswith(f"step 1: {ENTROPY_DIFF} = 0.2, expected <= 0.001")
+    assert errors[1] == f"step 2: {ENTROPY_DIFF} missing"
+    assert check(far, min_steps=2) == []  # without the bound nothing is required

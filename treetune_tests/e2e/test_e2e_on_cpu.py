@@ -19,7 +19,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from treetune_tests.e2e.check_metrics import ENTROPY_MEAN, GRAD_NORM, PEARSON, PG_LOSS, PROBS_DIFF, check, read_steps
+from treetune_tests.e2e.check_metrics import (
+    ENTROPY_DIFF,
+    ENTROPY_MEAN,
+    GRAD_NORM,
+    PEARSON,
+    PG_LOSS,
+    PROBS_DIFF,
+    check,
+    read_steps,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = REPO_ROOT / "treetune_tests" / "e2e" / "test_entropy_e2e.sh"
@@ -52,10 +61,13 @@ def test_grpo_two_steps_tiny_model_on_cpu():
 
     steps = read_steps(WORKDIR / "metrics.jsonl")
     assert [s["step"] for s in steps] == [1, 2]
-    assert check(steps, min_steps=2, max_probs_diff=1e-3, min_pearson=0.999) == []
+    assert check(steps, min_steps=2, max_probs_diff=1e-3, min_pearson=0.999, max_entropy_diff=1e-3) == []
     for metrics in steps:
         assert math.isfinite(metrics[PG_LOSS]) and metrics[GRAD_NORM] > 0 and metrics[ENTROPY_MEAN] > 0
         assert metrics[PROBS_DIFF] <= 1e-3 and metrics[PEARSON] >= 0.999
+        # the sampler's entropy of each token against the actor's own (fp32 on both sides here)
+        assert metrics[ENTROPY_DIFF] <= 1e-3 and metrics["rollout_entropy/actor_abs_diff/max"] <= 1e-2
+        assert metrics["timing_s/agent_loop/rollout_entropy/rows_without_entropy"] == 0
     # the override block selected our classes: the server and the workers are ours
     text = log.read_text()
     assert "EntropySGLangHttpServer" in text and "EntropyAgentLoopWorker" in text

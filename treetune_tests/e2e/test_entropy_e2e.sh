@@ -57,7 +57,9 @@ case "$VARIANT" in
 esac
 STEPS=${E2E_STEPS:-$DEFAULT_STEPS}
 NPROC=${E2E_NPROC:-$DEFAULT_NPROC}
-if [[ "$VARIANT" == base ]]; then WORK=${E2E_WORKDIR:-$ROOT/outputs/e2e}; else WORK=${E2E_WORKDIR:-$ROOT/outputs/e2e-$VARIANT}; fi
+DEFAULT_WORK=$ROOT/outputs/e2e
+[[ "$VARIANT" != base ]] && DEFAULT_WORK=$ROOT/outputs/e2e-$VARIANT
+WORK=${E2E_WORKDIR:-$DEFAULT_WORK}
 mkdir -p "$WORK"
 WORK=$(cd "$WORK" && pwd)
 FIRST_STEP=1
@@ -156,8 +158,8 @@ if [[ "$DEVICE" == cpu ]]; then
     # What verl's trainer needs on a machine without an accelerator (see treetune_specs/2026-11-23-grpo-e2e.md):
     # one declared (not real) GPU per training process and a custom Ray resource literally named "cpu" for the
     # placement bundles {"CPU": 3, "<trainer.device>": 1} (one per process); gloo; sdpa attention; no padding removal
-    # (flash-attn only); fp32 actor and reference compute to match the fp32 CPU engine; the project's CPU sglang engine settings
-    # (treetune_verl/sglang/engine.py:CPU_ENGINE_KWARGS) and no torch_memory_saver (CUDA only).
+    # (flash-attn only); fp32 actor and reference compute to match the fp32 CPU engine; the project's CPU sglang
+    # engine settings (treetune_verl/sglang/engine.py:CPU_ENGINE_KWARGS) and no torch_memory_saver (CUDA only).
     ARGS+=(
         trainer.device=cpu
         ray_kwargs.ray_init.num_cpus=$((8 * NPROC))
@@ -258,9 +260,13 @@ fi
 # Bounds on verl's rollout-vs-actor probability metrics at every step. On CPU both sides compute in fp32 and agree to
 # ~2e-7 (mean |dp|) with Pearson 1.0, while a run whose per-step weight sync was dropped (negative control in
 # treetune_specs/2026-11-23-grpo-e2e.md) showed 0.03 / 0.987 at step 2. On GPU (bf16) no default: not measured yet.
+# The same for the rollout-vs-actor entropy of the same tokens (rollout_entropy/actor_abs_diff/mean, logged by the
+# package's trainer hook when the two describe the same distribution: the default raw mode at temperature 1): ~1e-6
+# nats measured on CPU (fp32 both sides). Empty disables it (e.g. for a top-k run, where the metric is not logged).
 if [[ "$DEVICE" == cpu ]]; then
     E2E_MAX_PROBS_DIFF=${E2E_MAX_PROBS_DIFF-1e-3}
     E2E_MIN_PEARSON=${E2E_MIN_PEARSON-0.999}
+    E2E_MAX_ENTROPY_DIFF=${E2E_MAX_ENTROPY_DIFF-1e-3}
 fi
 CHECK=(--min-steps $((STEPS - FIRST_STEP + 1)) --first-step "$FIRST_STEP" --json "$WORK/summary.json")
 [[ "$VARIANT" != base ]] && CHECK+=(--kl --val)
@@ -270,6 +276,7 @@ CHECK=(--min-steps $((STEPS - FIRST_STEP + 1)) --first-step "$FIRST_STEP" --json
     "$WORK/validation/$((FIRST_STEP - 1)).jsonl")
 [[ -n "${E2E_MAX_PROBS_DIFF:-}" ]] && CHECK+=(--max-probs-diff "$E2E_MAX_PROBS_DIFF")
 [[ -n "${E2E_MIN_PEARSON:-}" ]] && CHECK+=(--min-pearson "$E2E_MIN_PEARSON")
+[[ -n "${E2E_MAX_ENTROPY_DIFF:-}" ]] && CHECK+=(--max-entropy-diff "$E2E_MAX_ENTROPY_DIFF")
 "$PYTHON" -m treetune_tests.e2e.check_metrics "$VERL_FILE_LOGGER_PATH" "${CHECK[@]}"
 
 if [[ "$PROBE" == 1 ]]; then
