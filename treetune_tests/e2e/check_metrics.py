@@ -13,7 +13,9 @@ step 1 the initial sync (verl starts the server with ``rollout.load_format=dummy
 weights the actor trained (after a resume: the weights loaded from the checkpoint). The optional bounds
 ``--max-probs-diff`` / ``--min-pearson`` apply to every step. ``--max-entropy-diff X``: the package's end-to-end
 alignment metric ``rollout_entropy/actor_abs_diff/mean`` (|rollout entropy - the actor's entropy of the same token|,
-logged when both describe the same distribution) is present at every step and at most X.
+logged when both describe the same distribution) is present at every step and at most X. ``--no-entropy``: a run
+without the override block (``E2E_BLOCK=0``: stock verl, the stock arm of ``bench_e2e_overhead.py``): the checks that
+need the block (rollout entropy mean, its validation counterpart, the entropy agreement) are skipped; the others stay.
 
 Variant checks (``E2E_VARIANT=full|resume`` of ``test_entropy_e2e.sh``):
 
@@ -101,9 +103,12 @@ def check(
     kl: bool = False,
     val: bool = False,
     max_entropy_diff: float | None = None,
+    entropy: bool = True,
 ) -> list[str]:
     """Every failed acceptance check, as a message (empty: accepted). ``steps``: all records (``read_steps``)."""
     errors: list[str] = []
+    if not entropy and max_entropy_diff is not None:
+        raise ValueError("max_entropy_diff needs the override block (entropy=True)")
     trained = training_steps(steps)
     if len(trained) < min_steps:
         errors.append(f"{len(trained)} training step(s) logged, expected at least {min_steps}")
@@ -114,7 +119,8 @@ def check(
     for metrics in trained:
         _need(errors, metrics, PG_LOSS, lambda v: True, "a finite number")
         _need(errors, metrics, GRAD_NORM, lambda v: v > 0, "> 0 (zero gradient: no reward variance within the groups?)")
-        _need(errors, metrics, ENTROPY_MEAN, lambda v: v > 0, "> 0 (rollout entropy not served: override block in?)")
+        if entropy:
+            _need(errors, metrics, ENTROPY_MEAN, lambda v: v > 0, "> 0 (rollout entropy not served: block in?)")
         _need(errors, metrics, PROBS_DIFF, lambda v: True, "a finite number (needs rollout.calculate_log_probs=True)")
         _need(errors, metrics, PEARSON, lambda v: True, "a finite number (needs rollout.calculate_log_probs=True)")
         if max_probs_diff is not None:
@@ -147,23 +153,24 @@ def check(
                     "> 0 after step 1 (actor equal to the reference: update or checkpoint load lost?)",
                 )
         if val:
-            _check_validation(errors, metrics)
+            _check_validation(errors, metrics, entropy)
     if val and trained:
         before = [m for m in steps if is_validation_only(m) and m["step"] == trained[0]["step"] - 1]
         if not before:
             errors.append(f"no validation-only record at step {trained[0]['step'] - 1} (val_before_train)")
         for metrics in before:
-            _check_validation(errors, metrics)
+            _check_validation(errors, metrics, entropy)
     return errors
 
 
-def _check_validation(errors: list[str], metrics: dict) -> None:
+def _check_validation(errors: list[str], metrics: dict, entropy: bool = True) -> None:
     core = val_core(metrics)
     if not core:
         errors.append(f"step {metrics['step']}: no {VAL_CORE_PREFIX}* metric (validation did not run?)")
     for key in core:
         _need(errors, metrics, key, lambda v: True, "a finite number")
-    _need(errors, metrics, VAL_ENTROPY_MEAN, lambda v: v > 0, "> 0 (rollout entropy of the validation rollouts)")
+    if entropy:
+        _need(errors, metrics, VAL_ENTROPY_MEAN, lambda v: v > 0, "> 0 (rollout entropy of the validation rollouts)")
 
 
 def read_generations(path: Path) -> list[dict]:
@@ -215,8 +222,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kl", action="store_true", help="reference model + KL loss: check actor/kl_loss")
     parser.add_argument("--val", action="store_true", help="validation before training and at every step")
     parser.add_argument("--same-generations", nargs=2, type=Path, metavar=("A", "B"), default=None)
+    parser.add_argument(
+        "--no-entropy", action="store_true", help="a run without the override block: skip the entropy checks"
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the per-step acceptance metrics here")
     args = parser.parse_args(argv)
+    if args.no_entropy and args.max_entropy_diff is not None:
+        parser.error("--max-entropy-diff needs the override block: not with --no-entropy")
     if not args.metrics.exists():
         print(f"FAIL: {args.metrics} does not exist (did the trainer run with trainer.logger=[...,file]?)")
         return 1
@@ -235,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         kl=args.kl,
         val=args.val,
         max_entropy_diff=args.max_entropy_diff,
+        entropy=not args.no_entropy,
     )
     if args.same_generations is not None:
         errors += same_generations(*args.same_generations)

@@ -146,3 +146,29 @@ def test_entropy_agreement_bound():
     assert errors[0].startswith(f"step 1: {ENTROPY_DIFF} = 0.2, expected <= 0.001")
     assert errors[1] == f"step 2: {ENTROPY_DIFF} missing"
     assert check(far, min_steps=2) == []  # without the bound nothing is required
+
+
+def test_no_entropy_skips_only_the_block_checks(tmp_path, capsys):
+    """``--no-entropy`` (the stock arm, ``E2E_BLOCK=0``): no rollout entropy metric is required; the rest still is."""
+    stock = [_train(1), _train(2)]
+    for metrics in stock:
+        del metrics[ENTROPY_MEAN]
+    assert check(stock, min_steps=2) == [f"step {s}: {ENTROPY_MEAN} missing" for s in (1, 2)]
+    assert check(stock, min_steps=2, max_probs_diff=1e-3, min_pearson=0.999, entropy=False) == []
+    stock_val = [_val(0), _full(1, 0.0)]
+    for metrics in stock_val:
+        del metrics[VAL_ENTROPY_MEAN]
+    assert check(stock_val, min_steps=1, kl=True, val=True, entropy=False) == []
+    bad = [_train(1, **{PROBS_DIFF: 0.03, GRAD_NORM: 0.0})]
+    del bad[0][ENTROPY_MEAN]
+    errors = check(bad, min_steps=1, max_probs_diff=1e-3, entropy=False)
+    assert len(errors) == 2 and any(PROBS_DIFF in e for e in errors) and any(GRAD_NORM in e for e in errors)
+    with pytest.raises(ValueError):
+        check(stock, min_steps=2, max_entropy_diff=1e-3, entropy=False)
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("\n".join(json.dumps({"step": m["step"], "data": m}) for m in stock))
+    assert main([str(path), "--min-steps", "2"]) == 1
+    assert main([str(path), "--min-steps", "2", "--no-entropy"]) == 0
+    assert "OK: 2 step(s)" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main([str(path), "--no-entropy", "--max-entropy-diff", "1e-3"])

@@ -17,6 +17,14 @@
 #   make e2e E2E_MODEL=tiny E2E_VARIANT=full   # then: make e2e E2E_MODEL=tiny E2E_VARIANT=resume
 #   bash treetune_tests/e2e/test_entropy_e2e.sh [hydra overrides...]   # extra overrides go last (they win)
 #   E2E_PRINT_ARGS=1 bash treetune_tests/e2e/test_entropy_e2e.sh       # print main_ppo's arguments, run nothing
+#   E2E_BLOCK=0 make e2e E2E_MODEL=tiny        # stock verl: the same run without the override block
+#
+# E2E_BLOCK=0 (the stock arm of treetune_tests/e2e/bench_e2e_overhead.py): the same arguments minus the override
+# block, plus actor_rollout_ref.rollout.name=sglang (verl's default is ???; the block sets it) and
+# actor_rollout_ref.rollout.calculate_log_probs=True (the block forces it; both arms then compute rollout logprobs, so
+# their difference is the entropy path alone), with verl's stock manager, server, workers and loop
+# (single_turn_agent). The checks that need the block (rollout entropy mean, entropy agreement) are skipped
+# (check_metrics --no-entropy); not with E2E_PROBE=1. Default 1.
 #
 # Variants (E2E_VARIANT):
 #   base    (default) one FSDP process, no reference model, no validation, no checkpoint; E2E_STEPS default 2.
@@ -48,6 +56,15 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 PYTHON=${PYTHON:-python}
 PRINT_ARGS=${E2E_PRINT_ARGS:-0}
 PROBE=${E2E_PROBE:-0}
+BLOCK=${E2E_BLOCK:-1}
+case "$BLOCK" in
+    0 | 1) ;;
+    *) echo "E2E_BLOCK must be 0 or 1, got ${BLOCK}" >&2; exit 2 ;;
+esac
+if [[ "$BLOCK" == 0 && "$PROBE" == 1 ]]; then
+    echo "E2E_PROBE=1 needs the override block (E2E_BLOCK=1)" >&2
+    exit 2
+fi
 VARIANT=${E2E_VARIANT:-base}
 case "$VARIANT" in
     base) DEFAULT_STEPS=2 DEFAULT_NPROC=1 ;;
@@ -188,7 +205,12 @@ else
     ARGS+=(actor_rollout_ref.rollout.gpu_memory_utilization=0.4)
 fi
 
-ARGS+=("${ENTROPY_OVERRIDES[@]}")
+if [[ "$BLOCK" == 1 ]]; then
+    ARGS+=("${ENTROPY_OVERRIDES[@]}")
+else
+    # Stock verl: what the block would set that the run cannot do without (see the header), nothing else.
+    ARGS+=(actor_rollout_ref.rollout.name=sglang actor_rollout_ref.rollout.calculate_log_probs=True)
+fi
 if [[ "$PROBE" == 1 ]]; then
     ARGS+=(actor_rollout_ref.rollout.agent.agent_loop_manager_class=treetune_tests.e2e.e2e_probe.ProbedEntropyAgentLoopManager)
 fi
@@ -276,7 +298,11 @@ CHECK=(--min-steps $((STEPS - FIRST_STEP + 1)) --first-step "$FIRST_STEP" --json
     "$WORK/validation/$((FIRST_STEP - 1)).jsonl")
 [[ -n "${E2E_MAX_PROBS_DIFF:-}" ]] && CHECK+=(--max-probs-diff "$E2E_MAX_PROBS_DIFF")
 [[ -n "${E2E_MIN_PEARSON:-}" ]] && CHECK+=(--min-pearson "$E2E_MIN_PEARSON")
-[[ -n "${E2E_MAX_ENTROPY_DIFF:-}" ]] && CHECK+=(--max-entropy-diff "$E2E_MAX_ENTROPY_DIFF")
+if [[ "$BLOCK" == 1 ]]; then
+    [[ -n "${E2E_MAX_ENTROPY_DIFF:-}" ]] && CHECK+=(--max-entropy-diff "$E2E_MAX_ENTROPY_DIFF")
+else
+    CHECK+=(--no-entropy)
+fi
 "$PYTHON" -m treetune_tests.e2e.check_metrics "$VERL_FILE_LOGGER_PATH" "${CHECK[@]}"
 
 if [[ "$PROBE" == 1 ]]; then

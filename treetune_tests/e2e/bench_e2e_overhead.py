@@ -1,0 +1,244 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""Overhead of the override block on a real GRPO step: the e2e run (``test_entropy_e2e.sh``, verl 0.7.1's own
+``main_ppo``) with the block (``E2E_BLOCK=1``: our manager, server, workers and loop, full-vocabulary raw entropy)
+against stock verl (``E2E_BLOCK=0``: verl's manager and ``single_turn_agent``), everything else identical (seed,
+data, model, settings). Both arms run with ``rollout.calculate_log_probs=True`` (the block forces it; the stock arm
+sets it), so the ratio isolates the entropy path, not the cost of rollout logprobs.
+
+    python treetune_tests/e2e/bench_e2e_overhead.py                          # 3 pairs x 5 steps, tiny model
+    python treetune_tests/e2e/bench_e2e_overhead.py --pairs 6 --steps 4 --out outputs/bench/e2e_overhead.json
+
+Runs come in pairs (one run of each arm); the order within a pair is balanced and seeded (ABBA: each block of two
+pairs is a shuffled [block-stock, stock-block]), so that a drift of the machine over time hits both arms alike. Each
+run has its own workdir (``outputs/bench/e2e-<pair>-<arm>``) and Ray temp dir. From every run's ``metrics.jsonl``
+the per-step ``timing_s/gen``, ``timing_s/step`` (and ``timing_s/old_log_prob``, ``timing_s/update_actor``,
+``timing_s/update_weights`` when logged) are read; step 1 is dropped (it includes the warm-up: first compile, first weight sync, allocator).
+
+Reported per phase:
+
+- ``pair``: the ratio block / stock of the two runs' per-run medians, per pair; the median over pairs with a
+  distribution-free 95 % CI of the median (order statistics of a Binomial(n, 1/2); needs >= 6 pairs, NaN below).
+  The primary figure (independent runs).
+- ``step``: the ratio of the same step of the two runs of a pair (same seed and data: the same batch), pooled over
+  pairs, with the same CI. More values, but the steps of one run share its process placement and machine state:
+  they are not independent, so this CI is optimistic; a secondary figure.
+
+Goal (issue acceptance): the block at most 1 % slower in ``gen`` (ratio <= 1.01): met when the pair CI's upper end
+is <= 1.01, missed when its lower end is > 1.01, not resolved otherwise. Writes JSON (``--out``) after
+every pair; ``--budget-s`` starts no pair that the slowest pair so far says would end past the budget. Figures:
+treetune_specs/2026-11-23-grpo-e2e.md ("Overhead of the block").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import random
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT))
+
+from treetune_tests.e2e.check_metrics import read_steps, training_steps  # noqa: E402
+from treetune_tests.treetune_verl.sglang.bench_entropy_throughput import median_ci95  # noqa: E402
+
+E2E_SCRIPT = REPO_ROOT / "treetune_tests" / "e2e" / "test_entropy_e2e.sh"
+PHASES = ("gen", "step", "old_log_prob", "update_actor", "update_weights")
+ARMS = {"block": "1", "stock": "0"}
+GOAL_PHASE, GOAL_RATIO = "gen", 1.01
+
+
+def pair_orders(pairs: int, seed: int) -> list[tuple[str, str]]:
+    """ABBA: each block of two pairs is [block-stock, stock-block] in a seeded random order."""
+    rng = random.Random(seed)
+    orders: list[tuple[str, str]] = []
+    while len(orders) < pairs:
+        two = [("block", "stock"), ("stock", "block")]
+        rng.shuffle(two)
+        orders += two
+    return orders[:pairs]
+
+
+def run_once(arm: str, pair: int, args: argparse.Namespace) -> dict:
+    work = args.root / f"e2e-{pair}-{arm}"
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "E2E_BLOCK": ARMS[arm],
+        "E2E_MODEL": args.model,
+        "E2E_STEPS": str(args.steps),
+        "E2E_WORKDIR": str(work),
+        "RAY_TMPDIR": f"/tmp/treetune_bench_ray/{pair}-{arm}",  # short: Ray's socket paths have a length limit
+    }
+    env.pop("E2E_VARIANT", None)
+    env.pop("E2E_PROBE", None)
+    load, wall = os.getloadavg()[0], None
+    if not args.reuse:
+        start = time.monotonic()
+        result = subprocess.run(["bash", str(E2E_SCRIPT)], env=env, capture_output=True, text=True)
+        wall = time.monotonic() - start
+        if result.returncode != 0:
+            sys.stderr.write(result.stdout[-4000:] + result.stderr[-4000:])
+            raise SystemExit(f"FAIL: {arm} run of pair {pair} exited with {result.returncode} (log: {work}/train.log)")
+    steps = training_steps(read_steps(work / "metrics.jsonl"))
+    # {"step": n, "s": {phase: seconds}} (the phase "step" is verl's timing_s/step)
+    timings = [{"step": m["step"], "s": {p: m[f"timing_s/{p}"] for p in PHASES if f"timing_s/{p}" in m}} for m in steps]
+    run = {"pair": pair, "arm": arm, "workdir": str(work), "wall_s": wall, "load1_before": load, "steps": timings}
+    shown = ", ".join(f"{p} {statistics.median(kept(run, p).values()):.3f} s" for p in ("gen", "step") if kept(run, p))
+    wall_text = "reused" if wall is None else f"{wall:.1f} s wall"
+    print(f"  pair {pair} {arm}: {wall_text}, load {load:.2f} before; median after step 1: {shown}", flush=True)
+    return run
+
+
+def kept(run: dict, phase: str) -> dict[int, float]:
+    """Step -> seconds of one phase, step 1 (warm-up) dropped."""
+    return {t["step"]: t["s"][phase] for t in run["steps"] if t["step"] > 1 and phase in t["s"]}
+
+
+def summarize(runs: list[dict]) -> dict[str, dict]:
+    by_pair: dict[int, dict[str, dict]] = {}
+    for run in runs:
+        by_pair.setdefault(run["pair"], {})[run["arm"]] = run
+    summary = {}
+    for phase in PHASES:
+        pair_ratios, step_ratios, medians = [], [], {"block": [], "stock": []}
+        for arms in by_pair.values():
+            b, s = kept(arms["block"], phase), kept(arms["stock"], phase)
+            if not b or not s:
+                continue
+            mb, ms = statistics.median(b.values()), statistics.median(s.values())
+            medians["block"].append(mb)
+            medians["stock"].append(ms)
+            pair_ratios.append(mb / ms)
+            step_ratios += [b[k] / s[k] for k in sorted(b.keys() & s.keys())]
+        if not pair_ratios:
+            continue
+        summary[phase] = {
+            "median_s_block": statistics.median(medians["block"]),
+            "median_s_stock": statistics.median(medians["stock"]),
+            "pair": {"ratios": pair_ratios, "median": statistics.median(pair_ratios), "ci95": median_ci95(pair_ratios)},
+            "step": {"ratios": step_ratios, "median": statistics.median(step_ratios), "ci95": median_ci95(step_ratios)},
+        }
+    return summary
+
+
+def verdict(summary: dict) -> str:
+    if GOAL_PHASE not in summary:
+        return "no gen timing"
+    low, high = summary[GOAL_PHASE]["pair"]["ci95"]
+    if high <= GOAL_RATIO:
+        return "met"
+    if low > GOAL_RATIO:
+        return "missed"
+    return "not resolved"
+
+
+def table(summary: dict) -> str:
+    lines = [
+        f"{'phase':13s} {'block s':>8s} {'stock s':>8s} {'pairs':>5s} {'ratio':>7s} {'pair CI95':>17s} "
+        f"{'steps':>5s} {'ratio':>7s} {'step CI95 (optimistic)':>22s}"
+    ]
+    for phase, s in summary.items():
+        p, t = s["pair"], s["step"]
+        lines.append(
+            f"{phase:13s} {s['median_s_block']:8.3f} {s['median_s_stock']:8.3f} {len(p['ratios']):5d} "
+            f"{p['median']:7.4f} [{p['ci95'][0]:7.4f}, {p['ci95'][1]:7.4f}] {len(t['ratios']):5d} "
+            f"{t['median']:7.4f} [{t['ci95'][0]:7.4f}, {t['ci95'][1]:7.4f}]"
+        )
+    return "\n".join(lines)
+
+
+def _no_nan(value):
+    """NaN (a CI with too few values) as null: strict JSON."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _no_nan(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_no_nan(v) for v in value]
+    return value
+
+
+def write_report(args: argparse.Namespace, command: str, orders: list, started: float, runs: list[dict]) -> str:
+    summary = summarize(runs)
+    result = verdict(summary)
+    pairs_done = len(
+        {run["pair"] for run in runs if run["arm"] == "block"} & {r["pair"] for r in runs if r["arm"] == "stock"}
+    )
+    report = {
+        "command": command,
+        "pairs_requested": args.pairs,
+        "pairs": pairs_done,
+        "steps": args.steps,
+        "dropped_steps": [1],
+        "model": args.model,
+        "seed": args.seed,
+        "orders": orders[:pairs_done],
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+            "ended_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "load1_before_each_run": [run["load1_before"] for run in runs],
+        },
+        "goal": {"phase": GOAL_PHASE, "max_ratio": GOAL_RATIO, "verdict": result},
+        "summary": summary,
+        "runs": runs,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(_no_nan(report), indent=1))
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=3, help="runs of each arm (one pair: one of each)")
+    parser.add_argument("--steps", type=int, default=5, help="training steps per run (step 1 is dropped)")
+    parser.add_argument("--model", choices=("tiny", "smollm2"), default="tiny", help="E2E_MODEL")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the order within the pairs")
+    parser.add_argument("--root", type=Path, default=REPO_ROOT / "outputs" / "bench", help="parent of the workdirs")
+    parser.add_argument(
+        "--reuse", action="store_true", help="run nothing: summarize the workdirs of an earlier run with these options"
+    )
+    parser.add_argument(
+        "--budget-s", type=float, default=None, help="start no pair that would end after this many seconds"
+    )
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "outputs" / "bench" / "e2e_overhead.json")
+    args = parser.parse_args(argv)
+    if args.steps < 2:
+        parser.error("--steps must be >= 2 (step 1 is dropped)")
+    args.root = args.root.resolve()
+    args.root.mkdir(parents=True, exist_ok=True)
+    orders = pair_orders(args.pairs, args.seed)
+    command = shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(argv)
+    print(f"{args.pairs} pair(s) x {args.steps} steps, model {args.model}, orders {orders}", flush=True)
+    started = time.time()
+    runs: list[dict] = []
+    pair_seconds: list[float] = []
+    for pair, order in enumerate(orders):
+        elapsed = time.time() - started
+        if args.budget_s is not None and pair_seconds and elapsed + max(pair_seconds) > args.budget_s:
+            print(f"budget: {elapsed:.0f} s used, a pair takes up to {max(pair_seconds):.0f} s: stop at {pair} pair(s)")
+            break
+        pair_start = time.time()
+        runs += [run_once(arm, pair, args) for arm in order]
+        pair_seconds.append(time.time() - pair_start)
+        # after every pair: a cut-off run still leaves the pairs it finished
+        result = write_report(args, command, orders, started, runs)
+    print(table(summarize(runs)))
+    print(f"goal {GOAL_PHASE} ratio <= {GOAL_RATIO}: {result} (pair CI; NaN CI below 6 pairs)")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
