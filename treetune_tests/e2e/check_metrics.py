@@ -25,6 +25,10 @@ Variant checks (``E2E_VARIANT=full|resume`` of ``test_entropy_e2e.sh``):
   this holds only if the trained weights were loaded: the reference model is the initial one).
 - ``--val``: validation ran before training (a ``val-*``-only record at step N-1) and at every trained step: finite
   ``val-core/...`` metrics, and ``val-aux/rollout_entropy/mean`` > 0 (the package's validation hook).
+- ``--aborted-ratio R`` (over-sampling with abort, ``E2E_OVER_SAMPLE``): at every step ``rollout/aborted_ratio`` and
+  verl's own ``response/aborted_ratio`` (rows with an empty response) both equal R, ``rollout/score/completed_mean``
+  equals verl's ``critic/score/mean`` (both over completed rows), ``rollout/score/aborted_as_zero_mean`` and
+  ``rollout/wall_time_s`` are logged.
 - ``--same-generations A B``: two validation dumps (``trainer.validation_data_dir``, ``<step>.jsonl``) hold the same
   greedy generations (a resumed run's validation before training against the saved run's validation of the saved
   step: the loaded weights are the saved ones).
@@ -51,10 +55,16 @@ KL_LOSS = "actor/kl_loss"
 ENTROPY_DIFF = "rollout_entropy/actor_abs_diff/mean"
 VAL_CORE_PREFIX = "val-core/"
 VAL_ENTROPY_MEAN = "val-aux/rollout_entropy/mean"
+ABORTED_RATIO, VERL_ABORTED_RATIO = "rollout/aborted_ratio", "response/aborted_ratio"
+COMPLETED_SCORE, ZERO_SCORE, VERL_SCORE = (
+    "rollout/score/completed_mean",
+    "rollout/score/aborted_as_zero_mean",
+    "critic/score/mean",
+)
 # actor/kl_loss at global step 1, where the actor is the reference model (same weights, both fp32 on CPU: 0.0 measured)
 KL_AT_START_MAX = 1e-6
 REPORTED = (PG_LOSS, GRAD_NORM, ENTROPY_MEAN, ENTROPY_DIFF, PROBS_DIFF, PEARSON, "critic/score/mean", "timing_s/step")
-VARIANT_REPORTED = (KL_LOSS, VAL_ENTROPY_MEAN)
+VARIANT_REPORTED = (KL_LOSS, VAL_ENTROPY_MEAN, ABORTED_RATIO, COMPLETED_SCORE, ZERO_SCORE)
 
 
 def read_steps(path: Path) -> list[dict]:
@@ -104,6 +114,7 @@ def check(
     val: bool = False,
     max_entropy_diff: float | None = None,
     entropy: bool = True,
+    aborted_ratio: float | None = None,
 ) -> list[str]:
     """Every failed acceptance check, as a message (empty: accepted). ``steps``: all records (``read_steps``)."""
     errors: list[str] = []
@@ -154,6 +165,8 @@ def check(
                 )
         if val:
             _check_validation(errors, metrics, entropy)
+        if aborted_ratio is not None:
+            _check_over_sampling(errors, metrics, aborted_ratio)
     if val and trained:
         before = [m for m in steps if is_validation_only(m) and m["step"] == trained[0]["step"] - 1]
         if not before:
@@ -161,6 +174,15 @@ def check(
         for metrics in before:
             _check_validation(errors, metrics, entropy)
     return errors
+
+
+def _check_over_sampling(errors: list[str], metrics: dict, aborted_ratio: float) -> None:
+    for key in (ABORTED_RATIO, VERL_ABORTED_RATIO):
+        _need(errors, metrics, key, lambda v: abs(v - aborted_ratio) < 1e-9, f"{aborted_ratio} (the target's share)")
+    verl_score = metrics.get(VERL_SCORE)
+    _need(errors, metrics, COMPLETED_SCORE, lambda v: abs(v - verl_score) < 1e-6, f"{VERL_SCORE} ({verl_score})")
+    _need(errors, metrics, ZERO_SCORE, lambda v: True, "a finite number")
+    _need(errors, metrics, "rollout/wall_time_s", lambda v: v > 0, "> 0")
 
 
 def _check_validation(errors: list[str], metrics: dict, entropy: bool = True) -> None:
@@ -225,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-entropy", action="store_true", help="a run without the override block: skip the entropy checks"
     )
+    parser.add_argument("--aborted-ratio", type=float, default=None, help="over-sampling: expected aborted share")
     parser.add_argument("--json", type=Path, default=None, help="also write the per-step acceptance metrics here")
     args = parser.parse_args(argv)
     if args.no_entropy and args.max_entropy_diff is not None:
@@ -248,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         val=args.val,
         max_entropy_diff=args.max_entropy_diff,
         entropy=not args.no_entropy,
+        aborted_ratio=args.aborted_ratio,
     )
     if args.same_generations is not None:
         errors += same_generations(*args.same_generations)

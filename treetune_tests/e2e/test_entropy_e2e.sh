@@ -43,7 +43,7 @@
 # Env: E2E_MODEL (smollm2 | tiny: the random tiny Qwen2 of treetune_tests/tiny_model.py), MODEL_PATH (overrides
 # E2E_MODEL), E2E_DEVICE (auto | cpu | cuda), E2E_VARIANT (above), E2E_STEPS (trainer.total_training_steps; default
 # per variant), E2E_NPROC (training processes = declared GPUs on CPU; default 1 for base, 2 otherwise),
-# E2E_WORKDIR (default per variant), E2E_RESUME_FROM (resume only), E2E_PROBE=1 (also select the probing manager,
+# E2E_WORKDIR (default per variant), E2E_RESUME_FROM (resume only), E2E_OVER_SAMPLE (rollout.over_sample_rate, above), E2E_PROBE=1 (also select the probing manager,
 # treetune_tests/e2e/e2e_probe.py, and check the shape/dtype/mask alignment of every rollout's
 # batch["rollout_entropy"]), E2E_MAX_PROBS_DIFF / E2E_MIN_PEARSON (bounds at every step; CPU defaults 1e-3 / 0.999,
 # empty: no bound), PYTHON (default: python), RAY_TMPDIR (default /tmp/treetune_e2e_ray).
@@ -126,8 +126,18 @@ RESPONSE_LENGTH=64
 # The README block, verbatim (one override per line).
 mapfile -t ENTROPY_OVERRIDES < <("$PYTHON" -c 'from treetune_verl.config import read_overrides; print("\n".join(read_overrides()))')
 
+# Over-sampling with abort (E2E_OVER_SAMPLE=<rate>, e.g. 0.25): verl's own rollout.over_sample_rate, the estimator
+# over completed rows and the actor's loss fix (treetune_verl/ppo); check_metrics --aborted-ratio then checks the
+# exact aborted share at every step. Needs the override block.
+OVER_SAMPLE=${E2E_OVER_SAMPLE:-0}
+ADV_ESTIMATOR=grpo
+if [[ "$OVER_SAMPLE" != 0 ]]; then
+    [[ "$BLOCK" == 1 ]] || { echo "E2E_OVER_SAMPLE needs the override block (E2E_BLOCK=1)" >&2; exit 2; }
+    ADV_ESTIMATOR=grpo_valid
+fi
+
 ARGS=(
-    algorithm.adv_estimator=grpo
+    algorithm.adv_estimator=$ADV_ESTIMATOR
     algorithm.use_kl_in_reward=False
     data.train_files="$WORK/train.parquet"
     data.val_files="$WORK/val.parquet"
@@ -213,6 +223,12 @@ else
 fi
 if [[ "$PROBE" == 1 ]]; then
     ARGS+=(actor_rollout_ref.rollout.agent.agent_loop_manager_class=treetune_tests.e2e.e2e_probe.ProbedEntropyAgentLoopManager)
+fi
+if [[ "$OVER_SAMPLE" != 0 ]]; then
+    ARGS+=(
+        actor_rollout_ref.rollout.over_sample_rate="$OVER_SAMPLE"
+        actor_rollout_ref.model.external_lib=treetune_verl.ppo.actor_setup
+    )
 fi
 ARGS+=("$@")
 
@@ -302,6 +318,10 @@ if [[ "$BLOCK" == 1 ]]; then
     [[ -n "${E2E_MAX_ENTROPY_DIFF:-}" ]] && CHECK+=(--max-entropy-diff "$E2E_MAX_ENTROPY_DIFF")
 else
     CHECK+=(--no-entropy)
+fi
+if [[ "$OVER_SAMPLE" != 0 ]]; then
+    CHECK+=(--aborted-ratio "$("$PYTHON" -c "from treetune_verl.agent_loop.over_sample import completion_target as t
+b = $((TRAIN_BATCH_SIZE * ROLLOUT_N)); print((b - t($OVER_SAMPLE, b)) / b)")")
 fi
 "$PYTHON" -m treetune_tests.e2e.check_metrics "$VERL_FILE_LOGGER_PATH" "${CHECK[@]}"
 

@@ -25,11 +25,17 @@ PACKAGE_DIR = Path(treetune_verl.__file__).resolve().parent
 ROOT = "treetune_verl"
 
 # Sub-packages in path order: a module may import its own layer and the layers before it, never a later one.
-LAYERS = ["treetune_verl.sglang", "treetune_verl.rollout", "treetune_verl.agent_loop"]
+LAYERS = ["treetune_verl.sglang", "treetune_verl.rollout", "treetune_verl.ppo", "treetune_verl.agent_loop"]
 # Stand-alone sub-packages: import nothing of the layers above (and the layers never import them).
 STANDALONE = ["treetune_verl.probe"]
 # Shared leaves anyone may import; they import nothing of ours.
-LEAVES = {"treetune_verl", "treetune_verl.model_cache", "treetune_verl.config", "treetune_verl.patching"}
+LEAVES = {
+    "treetune_verl",
+    "treetune_verl.model_cache",
+    "treetune_verl.config",
+    "treetune_verl.patching",
+    "treetune_verl.verl_guard",
+}
 # Third-party packages a layer must not import: the sglang side stays usable without verl.
 FORBIDDEN_THIRD_PARTY = {"treetune_verl.sglang": {"verl"}, "treetune_verl.probe": {"verl", "sglang"}}
 

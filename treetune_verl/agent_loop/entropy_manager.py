@@ -10,7 +10,9 @@ stays ``sglang``: the FSDP workers look the name up in their own registry (``wor
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
+from uuid import uuid4
 
 import ray
 from omegaconf import DictConfig
@@ -21,7 +23,15 @@ from verl.utils.ray_utils import auto_await
 from treetune_verl.agent_loop.entropy_worker import EntropyAgentLoopWorker
 from treetune_verl.agent_loop.fields import HAS_ROLLOUT_ENTROPY_KEY, ROLLOUT_ENTROPY_KEY
 from treetune_verl.agent_loop.metrics import ROWS_WITHOUT_ENTROPY_METRIC, rollout_entropy_metrics
-from treetune_verl.agent_loop.trainer_hooks import install_trainer_hooks
+from treetune_verl.agent_loop.over_sample import (
+    OVER_SAMPLE_META_KEY,
+    CompletionCounter,
+    check_over_sample_config,
+    completion_target,
+    over_sample_rate,
+)
+from treetune_verl.agent_loop.trainer_hooks import PENDING_METRICS_KEY, install_trainer_hooks
+from treetune_verl.ppo import advantage  # noqa: F401  (registers grpo_valid / rloo_valid in the trainer's process)
 from treetune_verl.rollout.rollout_config import CONFIG_PATH, check_rollout_config
 
 logger = logging.getLogger(__name__)
@@ -42,9 +52,14 @@ class EntropyAgentLoopManager(AgentLoopManager):
     same tokens; validation) is logged by the hooks this manager installs in the trainer's process
     (``trainer_hooks.py``): ``rollout_entropy/actor_abs_diff/{mean,max}`` and ``val-aux/rollout_entropy/...``.
 
+    Over-sampling with abort (``rollout.over_sample_rate`` > 0, training batches only): each step gets a
+    :func:`completion_target` on a :class:`CompletionCounter` shared by the workers, which abort the rest
+    (``over_sample_worker.py``); ``rollout/wall_time_s`` and the aborted-row metrics reach the step's metrics.
+
     Raises:
-        ValueError: ``rollout.name`` is not ``sglang``, ``calculate_log_probs`` is off, or the entropy section is
-            invalid.
+        ValueError: ``rollout.name`` is not ``sglang``, ``calculate_log_probs`` is off, the entropy section is
+            invalid, or ``over_sample_rate`` is out of range or set with settings that would train on aborted rows
+            wrongly (:func:`~treetune_verl.agent_loop.over_sample.check_over_sample_config`).
         UnsupportedSGLangError: data-parallel sglang, speculative decoding (MTP), pipeline parallelism or
             disaggregation.
         UnsupportedVerlError: a verl other than 0.7.1 (the trainer hooks would be wrong).
@@ -64,6 +79,11 @@ class EntropyAgentLoopManager(AgentLoopManager):
                 "entropy server is selected by this manager, not by the rollout name"
             )
         check_rollout_config(rollout_config)
+        self._over_sample_rate = over_sample_rate(rollout_config)
+        if self._over_sample_rate > 0:
+            check_over_sample_config(config)
+        # Started before training (a Ray actor takes seconds to start): one per manager, a key per step.
+        self._completion_counter: Any = CompletionCounter.remote() if self._over_sample_rate > 0 else None
         if not hasattr(self, "rollout_replica_class"):
             # Imported here: it imports sglang, which only the processes that start servers need.
             from treetune_verl.rollout.replica import EntropySGLangReplica
@@ -77,12 +97,34 @@ class EntropyAgentLoopManager(AgentLoopManager):
 
     @auto_await
     async def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """The parent's ``generate_sequences``; validation rollouts are also kept for their entropy metrics."""
-        output = await super().generate_sequences(prompts)
-        if prompts.meta_info.get("validate", False):
+        """The parent's ``generate_sequences``, over-sampled when configured (never in validation).
+
+        Validation rollouts are also kept for their entropy metrics.
+        """
+        validate = prompts.meta_info.get("validate", False)
+        step = None if validate or self._over_sample_rate == 0 else await self._begin_over_sample(prompts)
+        start = time.perf_counter()
+        try:
+            output = await super().generate_sequences(prompts)
+        finally:
+            if step is not None:
+                prompts.meta_info.pop(OVER_SAMPLE_META_KEY, None)
+                await self._completion_counter.end.remote(step)
+        if not validate:
+            output.meta_info.setdefault(PENDING_METRICS_KEY, {})["rollout/wall_time_s"] = time.perf_counter() - start
+        if validate:
             keys = [ROLLOUT_ENTROPY_KEY, "response_mask", HAS_ROLLOUT_ENTROPY_KEY]
             self._validation_rollouts.append(output.select(batch_keys=keys, non_tensor_batch_keys=[]))
         return output
+
+    async def _begin_over_sample(self, prompts: DataProto) -> str:
+        """Start a step at the counter and put its plan into ``prompts.meta_info`` for the workers; its key."""
+        if self._completion_counter is None:  # the rate was raised after start-up
+            self._completion_counter = CompletionCounter.remote()
+        step, target = uuid4().hex, completion_target(self._over_sample_rate, len(prompts))
+        await self._completion_counter.begin.remote(step, target)
+        prompts.meta_info[OVER_SAMPLE_META_KEY] = {"counter": self._completion_counter, "step": step, "target": target}
+        return step
 
     def take_validation_metrics(self) -> dict[str, float]:
         """Rollout-entropy metrics over every validation rollout since the last call (``{}`` if none).

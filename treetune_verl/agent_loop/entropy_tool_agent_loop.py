@@ -14,6 +14,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, register
 from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, ToolAgentLoop
 
 from treetune_verl.agent_loop.recorder import EntropyRecorder, attach_response_entropy
+from treetune_verl.rollout.token_output import ABORTED_STOP_REASON
 
 AGENT_DATA_ENTROPY_ATTR = "response_entropy"  # list[float] on AgentData, aligned with AgentData.response_mask
 
@@ -30,6 +31,10 @@ class EntropyToolAgentLoop(ToolAgentLoop):
     The list lives on ``AgentData`` as an attribute, not in ``agent_data.extra_fields``: the parent copies the
     server's ``extra_fields`` (``global_steps``) into that dict only while it is empty.
 
+    Two fixes of the parent for aborted requests (over-sampling): a turn whose request was aborted ends the
+    trajectory (the parent would parse the partial text for tool calls and go on), and a trajectory without any
+    response token returns an empty response (the parent's ``prompt_ids[-0:]`` returns the whole prompt).
+
     Example (``m`` model token, ``t`` tool token, ``u`` user token)::
 
         response_mask:    1    1    0 0 0  1    0 0  1
@@ -44,6 +49,8 @@ class EntropyToolAgentLoop(ToolAgentLoop):
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         output = await super().run(sampling_params, **kwargs)
+        if not output.response_mask:
+            output.response_ids = []
         attach_response_entropy(output, getattr(self._agent_data, AGENT_DATA_ENTROPY_ATTR, []), self.response_length)
         return output
 
@@ -53,6 +60,8 @@ class EntropyToolAgentLoop(ToolAgentLoop):
         start = len(agent_data.response_mask)
         state = await super()._handle_generating_state(agent_data, sampling_params, ignore_termination)
         self._extend(agent_data, start, self.server_manager.take())
+        if self.server_manager.last_stop_reason == ABORTED_STOP_REASON:
+            return AgentState.TERMINATED
         return state
 
     async def _handle_processing_tools_state(self, agent_data: AgentData) -> AgentState:

@@ -11,3 +11,6 @@ ROLLOUT_ENTROPY_KEY = "rollout_entropy"  # DataProto.batch, float32 [batch, resp
 # DataProto.batch, bool [batch]: False for rows whose loop carries no entropy (a stock verl loop). Their
 # rollout_entropy row is all 0.0, which is not a measured entropy: metrics and consumers must leave them out.
 HAS_ROLLOUT_ENTROPY_KEY = "has_rollout_entropy"
+# DataProto.batch, bool [batch]: True for rows cut by over-sampling with abort (rollout.over_sample_rate > 0). Such a
+# row carries nothing into training: its response is empty (attention and response_mask 0) and its reward is 0.
+ROLLOUT_ABORTED_KEY = "rollout_aborted"

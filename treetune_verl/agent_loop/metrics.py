@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 METRIC_PREFIX = "agent_loop/rollout_entropy"
+OVER_SAMPLE_PREFIX = "rollout"
 AGREEMENT_PREFIX = "rollout_entropy/actor_abs_diff"
 ROWS_WITHOUT_ENTROPY_METRIC = f"{METRIC_PREFIX}/rows_without_entropy"
 
@@ -81,3 +82,27 @@ def actor_agreement_metrics(
     if diff.numel() == 0:
         return {}
     return {f"{AGREEMENT_PREFIX}/mean": float(diff.mean()), f"{AGREEMENT_PREFIX}/max": float(diff.max())}
+
+
+def over_sample_metrics(aborted: torch.Tensor, scores: torch.Tensor) -> dict[str, float]:
+    """The aborted share of a step and its reward seen two ways (over-sampling with abort).
+
+    Args:
+        aborted: ``[B]`` bool, ``batch["rollout_aborted"]``.
+        scores: ``[B]`` float, each row's score (``token_level_scores.sum(-1)``; 0 for aborted rows).
+
+    Returns:
+        ``rollout/aborted_ratio``, ``rollout/aborted_rows``; ``rollout/score/completed_mean`` (the completed rows
+        only: what verl's ``critic/score/mean`` reports, biased up, since the aborted rows are the long, hard ones)
+        and ``rollout/score/aborted_as_zero_mean`` (every row, aborted ones as 0: biased down).
+    """
+    aborted = aborted.bool()
+    scores = scores.double()
+    metrics = {
+        f"{OVER_SAMPLE_PREFIX}/aborted_ratio": float(aborted.double().mean()),
+        f"{OVER_SAMPLE_PREFIX}/aborted_rows": float(aborted.sum()),
+        f"{OVER_SAMPLE_PREFIX}/score/aborted_as_zero_mean": float(torch.where(aborted, 0.0, scores).mean()),
+    }
+    if (~aborted).any():
+        metrics[f"{OVER_SAMPLE_PREFIX}/score/completed_mean"] = float(scores[~aborted].mean())
+    return metrics

@@ -49,10 +49,12 @@ class EntropyRecorder:
     def __init__(self, server_manager: Any) -> None:
         self._server_manager = server_manager
         self._pending: list[float] | None = None
+        self.last_stop_reason: str | None = None  # of the last generate: "abort" ends a loop (over-sampling)
 
     async def generate(self, *args: Any, **kwargs: Any) -> Any:
         output = await self._server_manager.generate(*args, **kwargs)
         self._pending = served_entropy(output)
+        self.last_stop_reason = output.stop_reason
         return output
 
     def take(self) -> list[float]:

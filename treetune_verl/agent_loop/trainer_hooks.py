@@ -3,7 +3,7 @@
 """Hooks on verl 0.7.1's ``RayPPOTrainer`` that log what only the trainer sees, installed by the manager.
 
 The manager (``entropy_manager.py``) is built inside the trainer's process before ``fit`` runs, so it installs
-these three one-attribute patches there (idempotent, guarded by verl's version and the exact signatures):
+these one-attribute patches there (idempotent, guarded by verl's version and the exact signatures):
 
 - ``RayPPOTrainer._compute_old_log_prob``: the actor's per-token entropy of the sampled tokens exists only in its
   result (``entropys``, popped by ``fit`` right after ``actor/entropy`` is computed, ``ray_trainer.py:1404-1419``).
@@ -14,18 +14,24 @@ these three one-attribute patches there (idempotent, guarded by verl's version a
 - ``RayPPOTrainer._val_metrics_update`` (end of ``_validate``, ``ray_trainer.py:625``): adds the rollout-entropy
   metrics of the validation rollouts, which the manager collected, as ``val-aux/rollout_entropy/...``; verl's
   validation drops the generation output's ``meta_info["timing"]``.
+- ``ray_trainer.extract_reward`` (``ray_trainer.py:1386``, imported by name from ``trainer/ppo/reward.py``): the
+  reward of a row marked ``rollout_aborted`` becomes 0 whoever computed it (the reward function may score an empty
+  response, e.g. a format penalty). The compute_data_metrics wrapper also adds the over-sampling metrics
+  (``metrics.over_sample_metrics``) when the batch carries ``rollout_aborted``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from treetune_verl.agent_loop.fields import HAS_ROLLOUT_ENTROPY_KEY, ROLLOUT_ENTROPY_KEY
-from treetune_verl.agent_loop.metrics import actor_agreement_metrics
-from treetune_verl.patching import replace_attr, signature_mismatch
+from treetune_verl.agent_loop.fields import HAS_ROLLOUT_ENTROPY_KEY, ROLLOUT_ABORTED_KEY, ROLLOUT_ENTROPY_KEY
+from treetune_verl.agent_loop.metrics import actor_agreement_metrics, over_sample_metrics
+from treetune_verl.patching import replace_attr
 from treetune_verl.rollout.rollout_config import entropy_config
+from treetune_verl.verl_guard import SUPPORTED_VERL_VERSIONS, UnsupportedVerlError, check_signature, require_verl
 
-SUPPORTED_VERL_VERSIONS: tuple[str, ...] = ("0.7.1",)
+__all__ = ["SUPPORTED_VERL_VERSIONS", "UnsupportedVerlError", "agreement_is_defined", "install_trainer_hooks"]
+
 PENDING_METRICS_KEY = "treetune_step_metrics"  # batch.meta_info: metrics to add to this step's data metrics
 ACTOR_ENTROPY_KEY = "entropys"  # verl's name for the actor's per-token entropy in _compute_old_log_prob's result
 
@@ -33,10 +39,7 @@ ACTOR_ENTROPY_KEY = "entropys"  # verl's name for the actor's per-token entropy 
 _COMPUTE_OLD_LOG_PROB_PARAMS = ("self", "batch")
 _COMPUTE_DATA_METRICS_PARAMS = ("batch", "use_critic")
 _VAL_METRICS_UPDATE_PARAMS = ("self", "data_sources", "sample_uids", "reward_extra_infos_dict", "sample_turns")
-
-
-class UnsupportedVerlError(RuntimeError):
-    """The installed verl is not one the trainer hooks were written for."""
+_EXTRACT_REWARD_PARAMS = ("batch",)
 
 
 def agreement_is_defined(rollout_config: Any) -> bool:
@@ -48,15 +51,6 @@ def agreement_is_defined(rollout_config: Any) -> bool:
     config = entropy_config(rollout_config)
     temperature = float(rollout_config.get("temperature", 1.0))
     return config.top_k is None and (config.mode == "tempered" or temperature == 1.0)
-
-
-def _check(fn: Any, expected: tuple[str, ...], where: str) -> None:
-    found = signature_mismatch(fn, expected)
-    if found is not None:
-        raise UnsupportedVerlError(
-            f"verl {where} has signature {found}, expected {expected} (verl {', '.join(SUPPORTED_VERL_VERSIONS)}): "
-            "the treetune trainer hook for it would be wrong. Install verl==0.7.1."
-        )
 
 
 def _wrap_compute_old_log_prob(original):
@@ -82,6 +76,9 @@ def _wrap_compute_data_metrics(original):
     def compute_data_metrics(batch, use_critic=True):
         metrics = original(batch, use_critic)
         metrics.update(batch.meta_info.pop(PENDING_METRICS_KEY, {}))
+        aborted = batch.batch.get(ROLLOUT_ABORTED_KEY, None)
+        if aborted is not None:
+            metrics.update(over_sample_metrics(aborted, batch.batch["token_level_scores"].sum(-1)))
         return metrics
 
     return compute_data_metrics
@@ -98,24 +95,32 @@ def _wrap_val_metrics_update(original):
     return _val_metrics_update
 
 
+def _wrap_extract_reward(original):
+    def extract_reward(batch):
+        reward_tensor, reward_extra_infos = original(batch)
+        aborted = batch.batch.get(ROLLOUT_ABORTED_KEY, None)
+        if aborted is not None and bool(aborted.any()):
+            reward_tensor = reward_tensor.masked_fill(aborted.bool().unsqueeze(-1), 0.0)
+        return reward_tensor, reward_extra_infos
+
+    return extract_reward
+
+
 def install_trainer_hooks() -> None:
-    """Install the three hooks in this process (idempotent).
+    """Install the hooks in this process (idempotent).
 
     Raises:
         UnsupportedVerlError: another verl version, or a changed signature of a wrapped function.
     """
-    import verl
     from verl.trainer.ppo import ray_trainer
 
-    if verl.__version__ not in SUPPORTED_VERL_VERSIONS:
-        raise UnsupportedVerlError(
-            f"treetune_verl's trainer hooks support verl {', '.join(SUPPORTED_VERL_VERSIONS)}; found "
-            f"{verl.__version__}. Install verl==0.7.1."
-        )
+    require_verl("trainer hooks")
     trainer = ray_trainer.RayPPOTrainer
-    _check(trainer._compute_old_log_prob, _COMPUTE_OLD_LOG_PROB_PARAMS, "RayPPOTrainer._compute_old_log_prob")
-    _check(ray_trainer.compute_data_metrics, _COMPUTE_DATA_METRICS_PARAMS, "ray_trainer.compute_data_metrics")
-    _check(trainer._val_metrics_update, _VAL_METRICS_UPDATE_PARAMS, "RayPPOTrainer._val_metrics_update")
+    check_signature(trainer._compute_old_log_prob, _COMPUTE_OLD_LOG_PROB_PARAMS, "RayPPOTrainer._compute_old_log_prob")
+    check_signature(ray_trainer.compute_data_metrics, _COMPUTE_DATA_METRICS_PARAMS, "ray_trainer.compute_data_metrics")
+    check_signature(trainer._val_metrics_update, _VAL_METRICS_UPDATE_PARAMS, "RayPPOTrainer._val_metrics_update")
+    check_signature(ray_trainer.extract_reward, _EXTRACT_REWARD_PARAMS, "ray_trainer.extract_reward")
     replace_attr(trainer, "_compute_old_log_prob", _wrap_compute_old_log_prob)
     replace_attr(ray_trainer, "compute_data_metrics", _wrap_compute_data_metrics)
     replace_attr(trainer, "_val_metrics_update", _wrap_val_metrics_update)
+    replace_attr(ray_trainer, "extract_reward", _wrap_extract_reward)

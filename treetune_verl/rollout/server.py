@@ -4,14 +4,19 @@
 
 First stop of the verl side: sglang's ``meta_info["output_token_entropy"]`` becomes ``EntropyTokenOutput.entropy``.
 
-``EntropySGLangHttpServer`` differs from verl's ``SGLangHttpServer`` in two places:
+``EntropySGLangHttpServer`` differs from verl's ``SGLangHttpServer`` in three places:
   - ``launch_server`` refuses settings under which entropy would be missing or misaligned, then turns entropy
     extraction on in this process (:func:`treetune_verl.sglang.engine.install`: configuration exported for the
     spawned scheduler, ``custom_run_scheduler_process`` injected, TokenizerManager patched) and calls the parent.
   - ``generate`` runs the parent's ``generate`` unchanged and returns an :class:`EntropyTokenOutput` whose
     ``entropy`` is sglang's ``meta_info["output_token_entropy"]``. The parent reads the request's output from
     ``self.tokenizer_manager`` and drops ``meta_info``; a thin proxy of the TokenizerManager keeps the
-    ``meta_info`` of the requests this method is waiting for, so no verl code is copied.
+    ``meta_info`` of the requests this method is waiting for, so no verl code is copied. An output with no token
+    (a request aborted while queued, or a turn with no budget left) is returned as an empty output with its stop
+    reason; the parent would fail on it (``zip`` of nothing, ``async_sglang_server.py:390-394``).
+  - ``abort_sessions`` aborts every request of the given trajectories (session prefixes, :mod:`.session`) inside
+    sglang's scheduler, and answers their later turns at once with an empty ``"abort"`` output until
+    ``forget_sessions``: a scoped abort, not verl's global ``abort_all_requests`` / pause.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from typing import Any
 from verl.workers.rollout.replica import get_rollout_replica_class
 
 from treetune_verl.rollout.rollout_config import check_rollout_config
-from treetune_verl.rollout.token_output import EntropyTokenOutput
+from treetune_verl.rollout.session import session_of
+from treetune_verl.rollout.token_output import ABORTED_STOP_REASON, EntropyTokenOutput
 from treetune_verl.sglang.engine import install
 from treetune_verl.sglang.tokenizer_patches import META_INFO_ENTROPY_KEY
 
@@ -31,8 +37,20 @@ SGLangReplica = get_rollout_replica_class("sglang")
 from verl.workers.rollout.sglang_rollout.async_sglang_server import SGLangHttpServer  # noqa: E402
 
 
+class _NoOutputTokens(Exception):
+    """A request finished without a single output token; carries its ``meta_info`` (finish reason)."""
+
+    def __init__(self, meta_info: dict[str, Any]) -> None:
+        super().__init__(meta_info.get("finish_reason"))
+        self.meta_info = meta_info
+
+
 class _TappedStream:
-    """One request's output stream; records each chunk's ``meta_info`` into ``sink[rid]`` as it passes."""
+    """One request's output stream; records each chunk's ``meta_info`` into ``sink[rid]`` as it passes.
+
+    A finished chunk without output tokens raises :class:`_NoOutputTokens` instead of reaching verl's parent
+    ``generate``, which cannot unpack an empty token list.
+    """
 
     def __init__(self, stream: Any, sink: dict[str, Any], rid: str) -> None:
         self._stream, self._sink, self._rid = stream, sink, rid
@@ -42,8 +60,11 @@ class _TappedStream:
 
     async def __anext__(self) -> dict[str, Any]:
         chunk = await self._stream.__anext__()
+        meta_info = chunk.get("meta_info") or {}
         if self._rid in self._sink:
-            self._sink[self._rid] = chunk.get("meta_info")
+            self._sink[self._rid] = meta_info
+        if not chunk.get("output_ids") and meta_info.get("finish_reason") is not None:
+            raise _NoOutputTokens(meta_info)
         return chunk
 
 
@@ -86,6 +107,10 @@ class EntropySGLangHttpServer(SGLangHttpServer):
     ``mode``: ``raw`` or ``tempered``; see :mod:`treetune_verl.sglang.entropy`).
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._aborted_sessions: set[str] = set()  # emptied by forget_sessions at the end of each step
+
     async def launch_server(self, master_address: str | None = None, master_port: int | None = None) -> None:
         """Refuse unusable settings, turn entropy extraction on, then launch exactly as verl does.
 
@@ -117,6 +142,8 @@ class EntropySGLangHttpServer(SGLangHttpServer):
                 entropy patches are not active in this server's processes.
         """
         return_logprob = bool(sampling_params.get("logprobs", False))  # the parent pops it
+        if session_of(request_id) in self._aborted_sessions:
+            return self._no_token_output(return_logprob, ABORTED_STOP_REASON)
         tap = self.tokenizer_manager
         if not isinstance(tap, _MetaInfoTap):
             tap = self.tokenizer_manager = _MetaInfoTap(self.tokenizer_manager)
@@ -125,6 +152,8 @@ class EntropySGLangHttpServer(SGLangHttpServer):
             output = await super().generate(
                 prompt_ids, sampling_params, request_id, image_data=image_data, video_data=video_data
             )
+        except _NoOutputTokens as empty:
+            return self._no_token_output(return_logprob, (empty.meta_info["finish_reason"] or {}).get("type"))
         finally:
             meta_info = tap.collect(request_id)
         entropy = None
@@ -139,3 +168,39 @@ class EntropySGLangHttpServer(SGLangHttpServer):
             if len(entropy) != len(output.token_ids):
                 raise RuntimeError(f"request {request_id}: {len(entropy)} entropies for {len(output.token_ids)} tokens")
         return EntropyTokenOutput(**dict(output), entropy=entropy)
+
+    def _no_token_output(self, return_logprob: bool, stop_reason: str | None) -> EntropyTokenOutput:
+        """The output of a request that produced no token (empty lists where logprobs were requested)."""
+        empty = [] if return_logprob else None
+        return EntropyTokenOutput(
+            token_ids=[],
+            log_probs=empty,
+            entropy=empty,
+            stop_reason=stop_reason,
+            extra_fields={"global_steps": self.global_steps},
+        )
+
+    async def abort_sessions(self, sessions: list[str]) -> None:
+        """Abort every request of these trajectories (session prefixes) in sglang; their later turns return at once.
+
+        Queued requests come back with no token, running ones with their partial tokens, both with stop reason
+        ``"abort"``. One ``AbortReq`` per session goes to the scheduler, which matches rids by prefix
+        (``scheduler.py`` ``abort_request``); sglang's own ``TokenizerManager.abort_request`` cannot be used, it
+        drops any rid it does not hold exactly. A turn still being tokenised when the abort arrives runs to its
+        end (its row is discarded by the caller all the same).
+        """
+        from sglang.srt.managers.io_struct import AbortReq
+
+        for session in sessions:
+            if session_of(session) != session:
+                raise ValueError(f"abort_sessions: {session!r} is not a session prefix (treetune_verl.rollout.session)")
+            self._aborted_sessions.add(session)
+            self.tokenizer_manager.send_to_scheduler.send_pyobj(AbortReq(rid=session))
+
+    async def forget_sessions(self, sessions: list[str]) -> None:
+        """Drop these sessions from the aborted set (the step that aborted them is over)."""
+        self._aborted_sessions.difference_update(sessions)
+
+    async def aborted_session_count(self) -> int:
+        """How many aborted sessions this server still remembers (0 between steps)."""
+        return len(self._aborted_sessions)

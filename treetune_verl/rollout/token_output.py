@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from verl.workers.rollout.replica import TokenOutput
 
+# sglang's finish_reason type of an aborted request; verl's sglang server passes it on as ``stop_reason``.
+ABORTED_STOP_REASON = "abort"
+
 
 class EntropyTokenOutput(TokenOutput):
     """verl's ``TokenOutput`` plus the entropy (nats) of the distribution each token was sampled from.

@@ -15,8 +15,10 @@ by the token budget like the real server), ``overlong`` (ignores the budget: mor
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ from verl.protocol import DataProto
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import ToolResponse
 
+from treetune_verl.agent_loop.entropy_single_turn_agent_loop import EntropySingleTurnAgentLoop
 from treetune_verl.rollout.token_output import EntropyTokenOutput
 
 TEXT = "The answer is 12."
@@ -34,6 +37,7 @@ LONG = "The quick brown fox jumps over the lazy dog. " * 6
 TOOL_CALL = '<tool_call>{"name": "add", "arguments": {"a": 3, "b": 4}}</tool_call>'
 BIG_TOOL_CALL = '<tool_call>{"name": "add", "arguments": {"a": 3, "b": 4, "pad": 400}}</tool_call>'
 ASSISTANT_HEADER = "<|im_start|>assistant"
+ABORTED_ACTIONS = ("abortedtool", "empty")  # the fake's aborted replies: a partial tool call; no token at all
 
 
 def fake_entropy(prompt_ids: list[int], k: int) -> float:
@@ -77,8 +81,11 @@ class FakeEntropyServer:
         prompt_ids = list(prompt_ids)
         action = self._action(prompt_ids)
         eos = [self.tokenizer.eos_token_id]
-        body = {"text": TEXT, "long": LONG, "overlong": LONG * 2, "tool": TOOL_CALL, "bigtool": BIG_TOOL_CALL}[action]
-        token_ids = self.tokenizer.encode(body, add_special_tokens=False) + ([] if "long" in action else eos)
+        bodies = {"text": TEXT, "long": LONG, "overlong": LONG * 2, "tool": TOOL_CALL, "bigtool": BIG_TOOL_CALL}
+        # aborted requests: partial tokens (a tool call) or none, no end-of-sequence
+        bodies |= {"abortedtool": TOOL_CALL, "empty": ""}
+        ends = "long" not in action and action not in ABORTED_ACTIONS
+        token_ids = self.tokenizer.encode(bodies[action], add_special_tokens=False) + (eos if ends else [])
         budget = min(self.response_length, self.prompt_length + self.response_length - len(prompt_ids))
         if action != "overlong":
             token_ids = token_ids[: max(0, budget)]
@@ -88,7 +95,7 @@ class FakeEntropyServer:
             token_ids=token_ids,
             log_probs=[-value / 2 for value in entropy] if want_entropy else None,
             entropy=entropy if want_entropy else None,
-            stop_reason="stop" if token_ids and token_ids[-1] == eos[0] else "length",
+            stop_reason="abort" if action in ABORTED_ACTIONS else "stop" if token_ids[-1:] == eos else "length",
             extra_fields={"global_steps": 3},
         )
 
@@ -140,9 +147,38 @@ TOOL_CONFIG = {
         }
     ]
 }
+
+
+class SlowInteraction(ScriptedInteraction):
+    """The scripted user, thinking ``SLOW_USER_S`` seconds before each reply: a trajectory sits between its turns,
+    outside the inference server, for that long (over-sampling aborts it there)."""
+
+    async def generate_response(self, instance_id: str, messages: list[dict[str, Any]], **kwargs: Any):
+        await asyncio.sleep(SLOW_USER_S)
+        return await super().generate_response(instance_id, messages, **kwargs)
+
+
+SLOW_USER_S = 3.0
+FIXED_LENGTH_LOOP = {"name": "fixed_length_agent", "_target_": f"{__name__}.FixedLengthAgentLoop"}
 INTERACTION_CONFIG = {
-    "interaction": [{"name": "scripted", "class_name": f"{__name__}.ScriptedInteraction", "config": {}}]
+    "interaction": [
+        {"name": "scripted", "class_name": f"{__name__}.ScriptedInteraction", "config": {}},
+        {"name": "slow", "class_name": f"{__name__}.SlowInteraction", "config": {}},
+    ]
 }
+
+
+class FixedLengthAgentLoop(EntropySingleTurnAgentLoop):
+    """The entropy single-turn loop, except that a prompt containing ``tokens=N`` ignores end-of-sequence tokens and
+    generates exactly ``N`` tokens (at most ``response_length``): deterministic response lengths on a random model
+    (only that row's sampling parameters change). Select it through an ``agent_loop_config_path`` entry
+    (:data:`FIXED_LENGTH_LOOP`)."""
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any):
+        found = re.search(r"tokens=(\d+)", str(kwargs["raw_prompt"]))
+        if found is not None:
+            sampling_params = {**sampling_params, "ignore_eos": True, "max_new_tokens": int(found.group(1))}
+        return await super().run(sampling_params, **kwargs)
 
 
 def compose_config(
@@ -177,13 +213,17 @@ def compose_config(
         return compose("ppo_trainer", overrides=overrides)
 
 
-def make_batch(plans: list[str], agent_names: list[str] | None) -> DataProto:
+def make_batch(plans: list[str], agent_names: list[str] | None, interactions: list[str] | None = None) -> DataProto:
     """The rollout input verl's trainer hands the agent loops: one chat prompt per row plus its loop name
-    (no ``agent_name`` column when ``agent_names`` is ``None``: verl then uses ``agent.default_agent_loop``)."""
+    (no ``agent_name`` column when ``agent_names`` is ``None``: verl then uses ``agent.default_agent_loop``) and
+    the interaction of its tool loop (``"scripted"`` unless ``interactions`` says otherwise)."""
     n = len(plans)
     raw_prompt = np.empty(n, dtype=object)
     raw_prompt[:] = [[{"role": "user", "content": f"plan: {plan}"}] for plan in plans]
-    extra_info = np.array([{"interaction_kwargs": {"name": "scripted"}, "index": i} for i in range(n)], dtype=object)
+    interactions = interactions or ["scripted"] * n
+    extra_info = np.array(
+        [{"interaction_kwargs": {"name": name}, "index": i} for i, name in enumerate(interactions)], dtype=object
+    )
     non_tensors = {"raw_prompt": raw_prompt, "extra_info": extra_info, "index": np.arange(n)}
     if agent_names is not None:
         non_tensors["agent_name"] = np.array(agent_names, dtype=object)

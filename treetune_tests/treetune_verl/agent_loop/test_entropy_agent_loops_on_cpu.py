@@ -14,7 +14,13 @@ from __future__ import annotations
 import torch
 
 from treetune_tests.treetune_verl.agent_loop.conftest import PROMPT_LENGTH, RESPONSE_LENGTH, generate
-from treetune_tests.treetune_verl.agent_loop.fakes import assert_served_entropy, compose_config, make_batch, unpadded
+from treetune_tests.treetune_verl.agent_loop.fakes import (
+    TOOL_CALL,
+    assert_served_entropy,
+    compose_config,
+    make_batch,
+    unpadded,
+)
 from treetune_verl.agent_loop import HAS_ROLLOUT_ENTROPY_KEY, EntropyAgentLoopWorker
 
 
@@ -82,3 +88,32 @@ async def test_default_loop_and_packaged_agent_loops_yaml(worker, tiny_model_dir
     out = await generate(yaml_worker, ["text", "tool text text"], ["single_turn_agent", "tool_agent"])
     assert_served_entropy(out, 0)
     assert_served_entropy(out, 1)
+
+
+async def test_aborted_turns_end_the_loop_and_empty_responses_are_well_formed(worker):
+    """A turn aborted in sglang (stop reason ``"abort"``) ends the tool loop even when its partial text is a tool
+    call (verl's loop would run the tool and go on), and a row without any response token is an empty, well-formed
+    row (verl's postprocessing cannot pad it; its tool loop would return the prompt as the response)."""
+    names = ["entropy_tool_agent", "entropy_tool_agent", "entropy_single_turn_agent", "entropy_tool_agent"]
+    plans = ["abortedtool text", "empty", "empty", "text abortedtool text"]
+    out = await generate(worker, plans, names)
+    prompt_length = out.batch["prompts"].shape[1]
+    # row 0: one model turn (the partial tool call, kept, masked 1), no tool response, no further turn
+    prompt, response, mask, _ = unpadded(out, 0)
+    assert worker.server_manager.tokenizer.decode(response) == TOOL_CALL and bool(mask[: len(response)].all())
+    assert out.non_tensor_batch["__num_turns__"][0] == 2  # user + the aborted assistant turn
+    assert_served_entropy(out, 0)
+    # rows 1 and 2: no token -> empty response: no attention, no mask, no log-prob, no entropy, padding ids
+    for i in (1, 2):
+        assert not out.batch["attention_mask"][i, prompt_length:].any(), f"row {i}"
+        assert not out.batch["response_mask"][i].any() and not out.batch["rollout_log_probs"][i].any()
+        assert not out.batch["rollout_entropy"][i].any()
+        assert (out.batch["responses"][i] == worker.tokenizer.pad_token_id).all()
+        assert out.batch["attention_mask"][i, :prompt_length].sum() == len(unpadded(out, i)[0]) > 0
+    # position ids continue the prompt's, exactly as for verl's padding after a response
+    assert torch.equal(out.batch["position_ids"][1], out.batch["position_ids"][2])
+    # row 3: model turn, user turn, then the aborted turn ends the loop before its tool call runs
+    assert out.non_tensor_batch["__num_turns__"][3] == 4
+    assert_served_entropy(out, 3)
+    # none of these was aborted by over-sampling: kept rows, as the batch key says
+    assert out.batch["rollout_aborted"].tolist() == [False] * 4

@@ -39,133 +39,31 @@ processes the run started (Ray's own, the worker actors, sglang's scheduler and 
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import shutil
 import time
-import urllib.request
-from pathlib import Path
 
-import psutil
 import pytest
-import ray
 import torch
-from omegaconf import open_dict
 
-from treetune_tests.treetune_verl.agent_loop.fakes import compose_config, make_batch, unpadded
+from treetune_tests.treetune_verl.agent_loop.fakes import make_batch, unpadded
+from treetune_tests.treetune_verl.agent_loop.standalone import (
+    RESPONSE_LENGTH,
+    driver_state_restored,  # noqa: F401  (fixture, used below)
+    model_with_short_turns,
+    pids_of,
+    ray_session,
+    server_info,
+    standalone_config,
+    teacher_forced,
+)
 from treetune_verl.agent_loop import HAS_ROLLOUT_ENTROPY_KEY, ROLLOUT_ENTROPY_KEY, EntropyAgentLoopManager
-from treetune_verl.sglang.engine import CPU_ENGINE_KWARGS
 from treetune_verl.sglang.scheduler_patches import INTERNAL_STATE_KEY
 
 pytest.importorskip("uvicorn", reason="sglang's http_server (imported by verl's server) needs uvicorn")
 pytest.importorskip("multipart", reason="sglang's http_server needs python-multipart")
+pytestmark = pytest.mark.usefixtures("driver_state_restored")
 
-PROMPT_LENGTH, RESPONSE_LENGTH = 64, 128
-REPO_ROOT = Path(__file__).resolve().parents[3]
 ATOL = 1e-4  # nats
 NAMES = ["entropy_single_turn_agent", "entropy_tool_agent", "single_turn_agent", "entropy_single_turn_agent"]
-STOP_EVERY = 8  # 1 in STOP_EVERY token ids ends a turn
-
-
-@pytest.fixture(autouse=True)
-def driver_state_restored(monkeypatch):
-    """The manager imports our replica in this process, which runs verl's sglang loader (``_load_sglang``: sets
-    ``SGLANG_USE_CPU_ENGINE=1``) and verl's ``sglang_rollout`` (replaces sglang's ``engine._set_envs_and_config`` at
-    import). Undo both here, so the in-process Engine tests that run later in the session see sglang as shipped."""
-    from sglang.srt.entrypoints import engine
-
-    monkeypatch.delenv("SGLANG_USE_CPU_ENGINE", raising=False)  # restored to its current state at teardown
-    original = engine._set_envs_and_config
-    yield
-    engine._set_envs_and_config = original
-
-
-def _model_with_short_turns(tiny_model_dir: Path, dest: Path) -> Path:
-    """A copy of the tiny model whose config lists every STOP_EVERY-th token id as an end-of-sequence id."""
-    shutil.copytree(tiny_model_dir, dest)
-    config = json.loads((dest / "config.json").read_text())
-    stop_ids = sorted({config["eos_token_id"], *range(STOP_EVERY, config["vocab_size"], STOP_EVERY)})
-    config["eos_token_id"] = stop_ids
-    (dest / "config.json").write_text(json.dumps(config, indent=2))
-    generation = dest / "generation_config.json"
-    if generation.exists():
-        generation.write_text(json.dumps({**json.loads(generation.read_text()), "eos_token_id": stop_ids}, indent=2))
-    return dest
-
-
-@torch.no_grad()
-def _teacher_forced(model, prompt: list[int], response: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Entropy (nats) of the next-token distribution at each response position, and log p(response token)."""
-    logits = model(input_ids=torch.tensor([prompt + response])).logits[0].double()
-    logp = torch.log_softmax(logits[len(prompt) - 1 : len(prompt) + len(response) - 1], dim=-1)  # [len(response), V]
-    entropy = -(logp.exp() * logp).sum(dim=-1)
-    token_logp = logp.gather(-1, torch.tensor(response).unsqueeze(-1)).squeeze(-1)
-    return entropy, token_logp
-
-
-def _config(model_path: Path, workdir: Path):
-    config = compose_config(
-        model_path,
-        workdir,
-        PROMPT_LENGTH,
-        RESPONSE_LENGTH,
-        extra=[
-            "actor_rollout_ref.rollout.agent.num_workers=2",
-            "actor_rollout_ref.rollout.nnodes=1",
-            "actor_rollout_ref.rollout.n_gpus_per_node=1",
-            "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-            "actor_rollout_ref.rollout.n=1",
-        ],
-    )
-    with open_dict(config):
-        config.actor_rollout_ref.rollout.engine_kwargs.sglang = {
-            **CPU_ENGINE_KWARGS,
-            "enable_memory_saver": False,  # torch_memory_saver is CUDA-only
-            "random_seed": 0,
-        }
-    return config
-
-
-def _descendants(pid: int) -> set[int]:
-    return {child.pid for child in psutil.Process(pid).children(recursive=True)}
-
-
-def _pids_of(handle) -> list[int]:
-    """An actor's process and all its descendants (for the server actor: sglang's scheduler and detokenizer)."""
-
-    def pids(_self):
-        import psutil
-
-        me = psutil.Process()
-        return [me.pid] + [child.pid for child in me.children(recursive=True)]
-
-    return ray.get(handle.__ray_call__.remote(pids))
-
-
-def _alive(pids: set[int]) -> dict[int, str]:
-    left = {}
-    for pid in pids:
-        try:
-            process = psutil.Process(pid)
-            if process.status() != psutil.STATUS_ZOMBIE:
-                left[pid] = " ".join(process.cmdline())[:120] or process.name()
-        except psutil.NoSuchProcess:
-            pass
-    return left
-
-
-def _end_leftovers(pids: set[int], grace_s: float = 30.0) -> dict[int, str]:
-    """Wait up to ``grace_s`` for ``pids`` (processes this test started) to exit; kill, by pid, what is left.
-    Returns what was left (pid -> command line)."""
-    deadline = time.monotonic() + grace_s
-    while _alive(pids) and time.monotonic() < deadline:
-        time.sleep(1)
-    left = _alive(pids)
-    for pid in left:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            psutil.Process(pid).kill()
-    return left
 
 
 def _error(row: torch.Tensor, expected: torch.Tensor, model_tokens: torch.Tensor) -> float:
@@ -176,73 +74,34 @@ def _error(row: torch.Tensor, expected: torch.Tensor, model_tokens: torch.Tensor
     return (row[model_tokens] - expected[model_tokens]).abs().max().item()
 
 
-def _server_info(address: str) -> dict:
-    with urllib.request.urlopen(f"http://{address}/server_info", timeout=30) as reply:
-        return json.loads(reply.read())
-
-
 @pytest.mark.engine
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU variant (declared GPU, CPU engine settings)")
 def test_standalone_manager_real_engine_matches_hf(tiny_model_dir, tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    model_path = _model_with_short_turns(tiny_model_dir, tmp_path / "tiny-short-turns")
-    config = _config(model_path, tmp_path / "cfg")
-    env_vars = {
-        # Ray's workers import the tool / interaction classes of the test's config (fakes.py).
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
-        # Not needed on this path (the five CPU patches are for the FSDP actor and the weight sync of the trainer):
-        # off, so that the test shows standalone mode needs none of them.
-        "TREETUNE_VERL_CPU_PATCHES": "0",
-        "HF_HUB_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-    }
-    for key, value in env_vars.items():
-        monkeypatch.setenv(key, value)
-
-    before = _descendants(os.getpid())
-    started: set[int] = set()
-    t0 = time.monotonic()
-    ray.init(
-        address="local",  # a cluster of our own, never someone else's
-        num_cpus=4,  # logical: the rollout pool's bundle {"CPU": 3, "GPU": 1} plus one for verl's master-port task
-        num_gpus=1,  # declared, not real
-        include_dashboard=False,
-        log_to_driver=True,  # actor output appears in the captured output of a failure
-        runtime_env={"env_vars": env_vars},
-        # no idle workers started up front: on a 2-core machine they only slow the start
-        _system_config={"prestart_worker_first_driver": False},
-    )
-    t_init = time.monotonic() - t0
-    try:
-        node = ray._private.worker._global_node
-        started |= {info.process.pid for infos in node.all_processes.values() for info in infos}
+    model_path = model_with_short_turns(tiny_model_dir, tmp_path / "tiny-short-turns")
+    config = standalone_config(model_path, tmp_path / "cfg")
+    with ray_session(monkeypatch) as session:
         t0 = time.monotonic()
         manager = EntropyAgentLoopManager.create(config)
         t_create = time.monotonic() - t0
         [replica] = manager.rollout_replicas
         assert type(replica).__name__ == "EntropySGLangReplica" and replica.rollout_mode.value == "standalone"
         assert len(manager.agent_loop_workers) == 2
-        for handle in [*replica.workers, *replica.servers, *manager.agent_loop_workers]:
-            started |= set(_pids_of(handle))
-        server_pids = _pids_of(replica.servers[0])
+        session.track(*replica.workers, *replica.servers, *manager.agent_loop_workers)
+        server_pids = pids_of(replica.servers[0])
         assert len(server_pids) >= 3, f"server actor + sglang scheduler + detokenizer, got {server_pids}"
 
         t0 = time.monotonic()
         out = manager.generate_sequences(make_batch(["text"] * len(NAMES), NAMES))
         t_generate = time.monotonic() - t0
-        states = _server_info(manager.server_addresses[0])["internal_states"]
-    finally:
-        started |= _descendants(os.getpid()) - before  # Ray's GCS, raylet, workers and their children
-        t0 = time.monotonic()
-        ray.shutdown()
-        t_shutdown = time.monotonic() - t0
-        left = _end_leftovers(started)
-    assert not left, f"processes of the run left after ray.shutdown(): {left}"
+        states = server_info(manager.server_addresses[0])["internal_states"]
+    assert not session.left, f"processes of the run left after ray.shutdown(): {session.left}"
     print(
-        f"ray.init {t_init:.1f}s, manager create {t_create:.1f}s, generate_sequences {t_generate:.1f}s, "
-        f"ray.shutdown {t_shutdown:.1f}s; {len(started)} processes started, none left"
+        f"ray.init {session.seconds['ray.init']:.1f}s, manager create {t_create:.1f}s, generate_sequences "
+        f"{t_generate:.1f}s, ray.shutdown {session.seconds['ray.shutdown']:.1f}s; {len(session.started)} processes "
+        "started, none left"
     )
 
     # the scheduler holds no entropy state once every request has finished
@@ -264,7 +123,7 @@ def test_standalone_manager_real_engine_matches_hf(tiny_model_dir, tmp_path, mon
         if not name.startswith("entropy_"):
             assert not row.any(), f"row {i} ({name}, stock loop) must be all zeros"
             continue
-        entropy_n, token_logp = _teacher_forced(hf, prompt, response)
+        entropy_n, token_logp = teacher_forced(hf, prompt, response)
         expected = torch.zeros(RESPONSE_LENGTH, dtype=torch.float64)
         expected[:n] = entropy_n
         got, model_tokens = row.double(), mask.bool()

@@ -19,18 +19,15 @@ trainer (``ServerAdapter``, CUDA IPC). Between the worker and the server, a loca
 
 from __future__ import annotations
 
-import asyncio
-import os
 from typing import Any
 from uuid import uuid4
 
 import pytest
 import torch
-from omegaconf import open_dict
 
-from treetune_tests.treetune_verl.agent_loop.fakes import compose_config, make_batch, unpadded
+from treetune_tests.treetune_verl.agent_loop.fakes import make_batch, unpadded
+from treetune_tests.treetune_verl.rollout.server_helpers import make_server, server_config, stop_server
 from treetune_tests.treetune_verl.sglang.engine_helpers import hf_token_entropy
-from treetune_verl.sglang.engine import CPU_ENGINE_KWARGS
 
 pytest.importorskip("uvicorn", reason="sglang's http_server (imported by verl's server) needs uvicorn")
 pytest.importorskip("multipart", reason="sglang's http_server needs python-multipart")
@@ -40,40 +37,10 @@ TURN_TOKENS = 24  # per model turn, so that the tool loop reaches its interactio
 
 
 def _config(model_path, workdir, **rollout: Any):
-    config = compose_config(
-        model_path,
-        workdir,
-        PROMPT_LENGTH,
-        RESPONSE_LENGTH,
-        extra=["actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.rollout.n=1"],
-    )
-    with open_dict(config):
-        config.actor_rollout_ref.rollout.engine_kwargs.sglang = {
-            **CPU_ENGINE_KWARGS,
-            "enable_memory_saver": False,  # torch_memory_saver is CUDA-only
-            "random_seed": 0,
-        }
-        for key, value in rollout.items():
-            config.actor_rollout_ref.rollout[key] = value
-    return config
+    return server_config(model_path, workdir, PROMPT_LENGTH, RESPONSE_LENGTH, **rollout)
 
 
-def _server(config):
-    from verl.workers.rollout.replica import RolloutMode
-
-    from treetune_verl.rollout.server import EntropySGLangHttpServer
-
-    return EntropySGLangHttpServer(
-        config=config.actor_rollout_ref.rollout,
-        model_config=config.actor_rollout_ref.model,
-        rollout_mode=RolloutMode.STANDALONE,
-        workers=[],
-        replica_rank=0,
-        node_rank=0,
-        nnodes=1,
-        cuda_visible_devices="",
-        base_gpu_id=0,
-    )
+_server = make_server
 
 
 class LocalServerManager:
@@ -91,32 +58,6 @@ class LocalServerManager:
             image_data=image_data,
             video_data=video_data,
         )
-
-
-@pytest.fixture(autouse=True, scope="module")
-def sglang_engine_setup_restored():
-    """Importing verl's sglang server replaces sglang's ``engine._set_envs_and_config`` process-wide (verl 0.7.1
-    ``workers/rollout/sglang_rollout/sglang_rollout.py``, at import) and sets ``SGLANG_USE_CPU_ENGINE=1``
-    (``workers/rollout/replica.py`` ``_load_sglang``): put both back after this module, so the Engine tests that run
-    later in the session see sglang as shipped."""
-    from sglang.srt.entrypoints import engine
-
-    original = engine._set_envs_and_config
-    use_cpu_engine = os.environ.get("SGLANG_USE_CPU_ENGINE")
-    yield
-    engine._set_envs_and_config = original
-    if use_cpu_engine is None:
-        os.environ.pop("SGLANG_USE_CPU_ENGINE", None)
-    else:
-        os.environ["SGLANG_USE_CPU_ENGINE"] = use_cpu_engine
-
-
-@pytest.fixture
-def isolated_env(monkeypatch):
-    """verl's server sets CUDA_VISIBLE_DEVICES and sglang env flags in this process; restore them afterwards."""
-    for key in ("CUDA_VISIBLE_DEVICES", "SGLANG_BLOCK_NONZERO_RANK_CHILDREN", "TREETUNE_ENTROPY_TOP_K"):
-        monkeypatch.setenv(key, os.environ.get(key, ""))
-    monkeypatch.delenv("TREETUNE_ENTROPY_MODE", raising=False)
 
 
 class FakeTokenizerManager:
@@ -176,8 +117,6 @@ async def test_launch_server_refuses_before_spawning(tiny_model_dir, tmp_path, i
 
 @pytest.mark.engine
 async def test_launch_server_and_generate_sequences_match_hf(tiny_model_dir, tmp_path, isolated_env):
-    from sglang.srt.utils import kill_process_tree
-
     from treetune_verl.agent_loop import ROLLOUT_ENTROPY_KEY, EntropyAgentLoopWorker
 
     config = _config(tiny_model_dir, tmp_path)
@@ -190,10 +129,7 @@ async def test_launch_server_and_generate_sequences_match_hf(tiny_model_dir, tmp
         names = ["entropy_single_turn_agent", "entropy_tool_agent", "single_turn_agent", "entropy_single_turn_agent"]
         out = await worker.generate_sequences(make_batch(["text"] * 4, names))
     finally:
-        if getattr(server, "_server_task", None) is not None:
-            server._server_task.cancel()
-            await asyncio.gather(server._server_task, return_exceptions=True)
-        kill_process_tree(os.getpid(), include_parent=False)
+        await stop_server(server)
 
     assert out.batch[ROLLOUT_ENTROPY_KEY].shape == (4, RESPONSE_LENGTH)
     assert out.batch[ROLLOUT_ENTROPY_KEY].dtype == torch.float32

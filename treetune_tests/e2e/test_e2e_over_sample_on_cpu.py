@@ -1,0 +1,76 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""Over-sampling with abort in verl 0.7.1's own GRPO trainer on CPU (``E2E_OVER_SAMPLE`` of ``test_entropy_e2e.sh``).
+
+The tiny e2e run (4 prompts x n = 2 = 8 rows per step) with ``actor_rollout_ref.rollout.over_sample_rate=0.25``,
+``algorithm.adv_estimator=grpo_valid`` and ``actor_rollout_ref.model.external_lib=treetune_verl.ppo.actor_setup``,
+and one row per actor micro-batch (``ppo_micro_batch_size_per_gpu=1``), so that every aborted row is a micro-batch
+of its own: without the actor's loss fix each of them is 0/0 in verl's ``agg_loss`` (NaN gradients; the unit-level
+negative control is ``treetune_tests/treetune_verl/ppo/test_loss_aggregation_on_cpu.py``). The script checks every
+step (``check_metrics --aborted-ratio 0.25``); the test re-reads the metrics: exactly 2 of 8 rows aborted at every
+step, in our metric and in verl's own ``response/aborted_ratio``; finite loss and a non-zero update at every step, so
+each step after an aborted one generated and trained normally.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from treetune_tests.e2e.check_metrics import GRAD_NORM, PG_LOSS, read_steps, training_steps
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = REPO_ROOT / "treetune_tests" / "e2e" / "test_entropy_e2e.sh"
+WORKDIR = REPO_ROOT / "outputs" / "e2e-test-over-sample"
+
+
+def _script(env: dict[str, str], *args: str, timeout: int) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("E2E_") and k != "MODEL_PATH"}
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args],
+        env={**base, "PYTHON": sys.executable, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_over_sample_arguments(tiny_model_dir, tmp_path):
+    env = {"E2E_PRINT_ARGS": "1", "E2E_DEVICE": "cpu", "MODEL_PATH": str(tiny_model_dir), "E2E_WORKDIR": str(tmp_path)}
+    plain = _script(env, timeout=300).stdout.splitlines()
+    over = _script({**env, "E2E_OVER_SAMPLE": "0.25"}, timeout=300).stdout.splitlines()
+    assert "algorithm.adv_estimator=grpo" in plain
+    assert not any(
+        a.startswith(("actor_rollout_ref.rollout.over_sample_rate", "actor_rollout_ref.model.external_lib"))
+        for a in plain
+    )
+    assert {
+        "algorithm.adv_estimator=grpo_valid",
+        "actor_rollout_ref.rollout.over_sample_rate=0.25",
+        "actor_rollout_ref.model.external_lib=treetune_verl.ppo.actor_setup",
+    } <= set(over)
+    refused = _script({**env, "E2E_OVER_SAMPLE": "0.25", "E2E_BLOCK": "0"}, timeout=60)
+    assert refused.returncode == 2 and "needs the override block" in refused.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU variant; on a GPU run the script directly")
+def test_grpo_with_over_sampling_trains_every_step():
+    env = {"E2E_MODEL": "tiny", "E2E_OVER_SAMPLE": "0.25", "E2E_STEPS": "2", "E2E_WORKDIR": str(WORKDIR)}
+    result = _script(env, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", timeout=1200)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    steps = training_steps(read_steps(WORKDIR / "metrics.jsonl"))
+    assert [m["step"] for m in steps] == [1, 2]
+    for metrics in steps:
+        assert metrics["rollout/aborted_ratio"] == 0.25 and metrics["rollout/aborted_rows"] == 2
+        assert metrics["response/aborted_ratio"] == 0.25  # verl's own count of empty responses: the same rows
+        assert math.isfinite(metrics[PG_LOSS]) and math.isfinite(metrics[GRAD_NORM]) and metrics[GRAD_NORM] > 0
+        assert metrics["rollout/score/aborted_as_zero_mean"] <= metrics["rollout/score/completed_mean"]
+    print(result.stdout[-2000:])

@@ -1,0 +1,161 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""Over-sampling with abort through the real rollout path: real Ray, our manager in verl's standalone mode, a real
+sglang CPU Engine behind ``EntropySGLangHttpServer``, two real ``EntropyAgentLoopWorker`` actors.
+
+Heavy-tailed rows, deterministic on a random model: the model's ``eos_token_id`` lists 1 in 8 token ids, so normal
+turns end after a few tokens (the standalone test's model); two ``fixed_length_agent`` rows ignore end-of-sequence
+and run to ``response_length`` (``fakes.FixedLengthAgentLoop``: only their sampling parameters differ); one tool-loop row
+talks to a user who thinks ``SLOW_USER_S`` seconds before replying, so it sits between two turns, outside sglang,
+when the abort comes. With ``over_sample_rate=0.375`` on 8 rows the target is ``ceil(0.625 * 8) = 5``: the five fast
+rows (four single-turn, one tool loop with a prompt user) are kept, the three slow ones aborted.
+
+Checked, on two consecutive training steps and a validation batch with the same setting: every row returned; exactly
+three aborted, the slow ones, each empty and marked (``rollout_aborted``, ``response_mask`` / attention / log-probs /
+entropy 0); kept rows carry the entropy and log-probs the engine served (an independent teacher-forced HF
+recomputation, as in the standalone test); the validation batch aborts nothing; after each step the servers hold no
+aborted session, the counter no open step and the scheduler no entropy state; after ``ray.shutdown()`` no process of
+the run is left. The slow user's reply that is in progress at the abort is awaited, not cancelled (a tool or user
+call may have side effects), and no turn follows it: the training steps take at least ``SLOW_USER_S``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import ray
+import torch
+import yaml
+from omegaconf import open_dict
+
+from treetune_tests.treetune_verl.agent_loop.fakes import FIXED_LENGTH_LOOP, SLOW_USER_S, make_batch, unpadded
+from treetune_tests.treetune_verl.agent_loop.standalone import (
+    RESPONSE_LENGTH,
+    driver_state_restored,  # noqa: F401  (fixture, used below)
+    model_with_short_turns,
+    ray_session,
+    server_info,
+    standalone_config,
+    teacher_forced,
+)
+from treetune_verl.agent_loop import ROLLOUT_ENTROPY_KEY, EntropyAgentLoopManager
+from treetune_verl.agent_loop.fields import ROLLOUT_ABORTED_KEY
+from treetune_verl.agent_loop.trainer_hooks import PENDING_METRICS_KEY
+from treetune_verl.config import AGENT_LOOPS_YAML
+from treetune_verl.sglang.scheduler_patches import INTERNAL_STATE_KEY
+
+pytest.importorskip("uvicorn", reason="sglang's http_server (imported by verl's server) needs uvicorn")
+pytest.importorskip("multipart", reason="sglang's http_server needs python-multipart")
+pytestmark = pytest.mark.usefixtures("driver_state_restored")
+
+RATE = 0.375
+ROWS = [  # (agent loop, prompt, interaction)
+    ("entropy_single_turn_agent", "short", "scripted"),
+    ("entropy_single_turn_agent", "short", "scripted"),
+    ("entropy_single_turn_agent", "short", "scripted"),
+    ("entropy_single_turn_agent", "short", "scripted"),
+    ("entropy_tool_agent", "short", "scripted"),
+    ("fixed_length_agent", f"tokens={RESPONSE_LENGTH}", "scripted"),
+    ("entropy_tool_agent", "short", "slow"),
+    ("fixed_length_agent", f"tokens={RESPONSE_LENGTH}", "scripted"),
+]
+SLOW_ROWS = [5, 6, 7]
+
+
+def _batch(validate: bool = False):
+    names, plans, interactions = (list(column) for column in zip(*ROWS, strict=True))
+    batch = make_batch(plans, names, interactions)
+    batch.meta_info["validate"] = validate
+    return batch
+
+
+def _over_sample_config(model_path, workdir):
+    loops = yaml.safe_load(Path(AGENT_LOOPS_YAML).read_text()) + [FIXED_LENGTH_LOOP]
+    (workdir / "loops.yaml").parent.mkdir(parents=True, exist_ok=True)
+    (workdir / "loops.yaml").write_text(yaml.safe_dump(loops))
+    config = standalone_config(model_path, workdir)
+    with open_dict(config):
+        config.actor_rollout_ref.rollout.over_sample_rate = RATE
+        config.actor_rollout_ref.rollout.agent.agent_loop_config_path = str(workdir / "loops.yaml")
+        config.algorithm.adv_estimator = "grpo_valid"
+        config.actor_rollout_ref.model.external_lib = "treetune_verl.ppo.actor_setup"
+    return config
+
+
+def _check_aborted_row(out, i: int) -> None:
+    prompt_length = out.batch["prompts"].shape[1]
+    assert out.batch[ROLLOUT_ABORTED_KEY][i], f"row {i} should be aborted"
+    assert not out.batch["response_mask"][i].any(), f"row {i}: aborted row with response_mask"
+    assert not out.batch["attention_mask"][i, prompt_length:].any(), f"row {i}: aborted row attends a response"
+    assert out.batch["attention_mask"][i, :prompt_length].any()
+    assert not out.batch[ROLLOUT_ENTROPY_KEY][i].any() and not out.batch["rollout_log_probs"][i].any()
+
+
+def _check_kept_row(out, i: int, hf) -> float:
+    """Entropy and log-probs of a kept row against the HF recomputation; returns the largest entropy error."""
+    assert not out.batch[ROLLOUT_ABORTED_KEY][i]
+    prompt, response, mask, row = unpadded(out, i)
+    n = len(response)
+    model_tokens = mask[:n].bool()
+    assert model_tokens.any(), f"row {i}: no model token"
+    entropy, token_logp = teacher_forced(hf, prompt, response)
+    error = (row[:n].double() - entropy)[model_tokens].abs().max().item()
+    assert error <= 1e-4, f"row {i}: rollout_entropy differs from HF by {error:.3g} nats"
+    assert not row[:n][~model_tokens].any() and not row[n:].any()
+    logprob_error = (out.batch["rollout_log_probs"][i, :n].double() - token_logp)[model_tokens].abs().max().item()
+    assert logprob_error <= 1e-3, f"row {i}: rollout_log_probs differ from HF by {logprob_error:.3g}"
+    return error
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU variant (declared GPU, CPU engine settings)")
+def test_over_sampling_aborts_the_long_tail_on_a_real_engine(tiny_model_dir, tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    model_path = model_with_short_turns(tiny_model_dir, tmp_path / "tiny-short-turns")
+    config = _over_sample_config(model_path, tmp_path / "cfg")
+    steps, seconds = [], []
+    with ray_session(monkeypatch) as session:
+        manager = EntropyAgentLoopManager.create(config)
+        [replica] = manager.rollout_replicas
+        session.track(*replica.workers, *replica.servers, *manager.agent_loop_workers)
+        server = replica.servers[0]
+        for validate in (False, False, True):  # two training steps back to back, then validation
+            t0 = time.monotonic()
+            out = manager.generate_sequences(_batch(validate))
+            seconds.append(time.monotonic() - t0)
+            after = {
+                "aborted_sessions": ray.get(server.aborted_session_count.remote()),
+                "open_steps": ray.get(manager._completion_counter.open_steps.remote()),
+                "entropy_requests": server_info(manager.server_addresses[0])["internal_states"][0][INTERNAL_STATE_KEY],
+            }
+            steps.append((out, after))
+    assert not session.left, f"processes of the run left after ray.shutdown(): {session.left}"
+
+    hf = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32).eval()
+    for step, ((out, after), validate) in enumerate(zip(steps, (False, False, True), strict=True)):
+        assert len(out) == len(ROWS) and out.batch[ROLLOUT_ABORTED_KEY].dtype == torch.bool
+        assert after == {"aborted_sessions": 0, "open_steps": 0, "entropy_requests": 0}, after
+        aborted = out.batch[ROLLOUT_ABORTED_KEY].nonzero().flatten().tolist()
+        errors = []
+        if validate:
+            assert aborted == [], "validation must never abort"
+            long_lengths = [len(unpadded(out, i)[1]) for i in (5, 7)]
+            assert long_lengths == [out.batch["responses"].shape[1]] * 2  # ran to response_length
+        else:
+            assert aborted == SLOW_ROWS, f"step {step}: aborted rows {aborted}"
+            for i in SLOW_ROWS:
+                _check_aborted_row(out, i)
+            assert out.meta_info[PENDING_METRICS_KEY]["rollout/wall_time_s"] > 0
+        for i in range(len(ROWS)):
+            if i not in aborted:
+                errors.append(_check_kept_row(out, i, hf))
+        print(
+            f"step {step} (validate={validate}): {seconds[step]:.1f}s, aborted {aborted}, max |entropy - HF| "
+            f"{max(errors):.1e}"
+        )
+    # the slow user's reply in progress at the abort is awaited (nothing is cancelled mid-call), then no turn follows
+    assert min(seconds[:2]) >= SLOW_USER_S, seconds

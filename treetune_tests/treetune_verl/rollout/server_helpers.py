@@ -1,0 +1,73 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""The server tests' one way to build ``EntropySGLangHttpServer`` in this process, and to stop what it launched."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+from omegaconf import open_dict
+
+from treetune_tests.treetune_verl.agent_loop.fakes import compose_config
+from treetune_verl.sglang.engine import CPU_ENGINE_KWARGS
+
+
+def server_config(
+    model_path: Path | str,
+    workdir: Path,
+    prompt_length: int,
+    response_length: int,
+    engine: dict[str, Any] | None = None,
+    **rollout: Any,
+):
+    """The Hydra-composed config with the README block, TP 1, n 1, the CPU engine settings (plus ``engine``) through
+    ``rollout.engine_kwargs.sglang`` (verl spreads them last), and ``rollout`` keys set on the rollout section."""
+    config = compose_config(
+        model_path,
+        workdir,
+        prompt_length,
+        response_length,
+        extra=["actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.rollout.n=1"],
+    )
+    with open_dict(config):
+        config.actor_rollout_ref.rollout.engine_kwargs.sglang = {
+            **CPU_ENGINE_KWARGS,
+            "enable_memory_saver": False,  # torch_memory_saver is CUDA-only
+            "random_seed": 0,
+            **(engine or {}),
+        }
+        for key, value in rollout.items():
+            config.actor_rollout_ref.rollout[key] = value
+    return config
+
+
+def make_server(config):
+    """verl's own ``__init__`` of our server, standalone, on this process (no Ray)."""
+    from verl.workers.rollout.replica import RolloutMode
+
+    from treetune_verl.rollout.server import EntropySGLangHttpServer
+
+    return EntropySGLangHttpServer(
+        config=config.actor_rollout_ref.rollout,
+        model_config=config.actor_rollout_ref.model,
+        rollout_mode=RolloutMode.STANDALONE,
+        workers=[],
+        replica_rank=0,
+        node_rank=0,
+        nnodes=1,
+        cuda_visible_devices="",
+        base_gpu_id=0,
+    )
+
+
+async def stop_server(server) -> None:
+    """Stop verl's uvicorn task and every process the launch started (sglang's scheduler and detokenizer)."""
+    from sglang.srt.utils import kill_process_tree
+
+    if getattr(server, "_server_task", None) is not None:
+        server._server_task.cancel()
+        await asyncio.gather(server._server_task, return_exceptions=True)
+    kill_process_tree(os.getpid(), include_parent=False)

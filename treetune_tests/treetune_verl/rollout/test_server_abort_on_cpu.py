@@ -1,0 +1,111 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""Scoped abort on a real sglang CPU Engine behind ``EntropySGLangHttpServer`` (verl 0.7.1's server, launched here).
+
+``abort_sessions`` must cut exactly the trajectories named, wherever their requests are: a running request returns
+its partial tokens (log-probs and entropy aligned), a queued one returns no token, both with stop reason ``"abort"``;
+a request of another caller that is queued behind them, and later requests of other sessions, run normally; a later
+turn of an aborted session is answered at once until ``forget_sessions``; afterwards the scheduler holds no entropy
+state and the server no session. ``max_running_requests=1`` makes the queue deterministic: one running request, the
+rest waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from uuid import uuid4
+
+import pytest
+
+from treetune_tests.treetune_verl.rollout.server_helpers import make_server, server_config, stop_server
+from treetune_verl.rollout.session import new_session_id, turn_request_id
+from treetune_verl.sglang.scheduler_patches import INTERNAL_STATE_KEY
+
+pytest.importorskip("uvicorn", reason="sglang's http_server (imported by verl's server) needs uvicorn")
+pytest.importorskip("multipart", reason="sglang's http_server needs python-multipart")
+
+PROMPT_LENGTH, RESPONSE_LENGTH = 32, 900  # the tiny model's context is 1024 tokens
+LONG = {"logprobs": True, "temperature": 1.0, "ignore_eos": True}  # runs to max_new_tokens
+PROMPT = [5, 6, 7, 8]
+
+
+def _server(model_path, workdir):
+    config = server_config(model_path, workdir, PROMPT_LENGTH, RESPONSE_LENGTH, engine={"max_running_requests": 1})
+    return make_server(config)
+
+
+async def _entropy_requests(server) -> int:
+    """The scheduler's count of requests holding entropy state (what sglang's ``/server_info`` reports; the HTTP
+    endpoint would block this event loop, which also runs the server)."""
+    (state,) = await server.tokenizer_manager.get_internal_state()
+    return state[INTERNAL_STATE_KEY]
+
+
+def _well_formed(output) -> None:
+    assert len(output.token_ids) == len(output.log_probs) == len(output.entropy)
+
+
+@pytest.mark.engine
+async def test_abort_sessions_cuts_exactly_the_named_trajectories(tiny_model_dir, tmp_path, isolated_env):
+    server = _server(tiny_model_dir, tmp_path)
+    running, queued, untouched = new_session_id(), new_session_id(), new_session_id()
+    try:
+        await server.launch_server()
+        # warm-up, and a turn of `running`'s session that finishes before the abort: it stays finished
+        first = await server.generate(PROMPT, {**LONG, "max_new_tokens": 4}, turn_request_id(running))
+        assert len(first.token_ids) == 4 and first.stop_reason == "length"
+        t0 = time.monotonic()
+        full = await server.generate(PROMPT, dict(LONG), uuid4().hex)
+        full_s = time.monotonic() - t0  # one long request alone; the waits below are fractions of it
+        assert len(full.token_ids) == RESPONSE_LENGTH
+
+        a = asyncio.create_task(server.generate(PROMPT, dict(LONG), turn_request_id(running)))
+        await asyncio.sleep(0.1 * full_s)  # `a` is admitted and decoding
+        b = asyncio.create_task(server.generate(PROMPT, dict(LONG), turn_request_id(queued)))
+        other = asyncio.create_task(server.generate(PROMPT, {**LONG, "max_new_tokens": 8}, uuid4().hex))
+        later = asyncio.create_task(server.generate(PROMPT, {**LONG, "max_new_tokens": 8}, turn_request_id(untouched)))
+        await asyncio.sleep(0.1 * full_s)
+        assert not a.done() and not b.done()
+        t0 = time.monotonic()
+        await server.abort_sessions([running, queued])
+        a_out, b_out = await asyncio.wait_for(asyncio.gather(a, b), timeout=30)
+        abort_latency = time.monotonic() - t0
+        other_out, later_out = await asyncio.wait_for(asyncio.gather(other, later), timeout=60)
+
+        # a later turn of an aborted session is answered at once, without reaching sglang
+        t0 = time.monotonic()
+        again = await server.generate(PROMPT, dict(LONG), turn_request_id(running))
+        again_s = time.monotonic() - t0
+        assert await server.aborted_session_count() == 2
+        await server.forget_sessions([running, queued])
+        assert await server.aborted_session_count() == 0
+        after = await server.generate(PROMPT, {**LONG, "max_new_tokens": 6}, turn_request_id(running))
+        entropy_requests = await _entropy_requests(server)
+    finally:
+        await stop_server(server)
+
+    print(
+        f"long request alone {full_s:.2f}s; running abort: {len(a_out.token_ids)} partial tokens; queued abort: {len(b_out.token_ids)} tokens; "
+        f"abort latency {abort_latency:.2f}s; aborted session's later turn {again_s * 1e3:.1f} ms"
+    )
+    # running: partial tokens, aligned; queued: none
+    assert a_out.stop_reason == "abort" and 0 < len(a_out.token_ids) < RESPONSE_LENGTH
+    _well_formed(a_out)
+    assert b_out.stop_reason == "abort" and b_out.token_ids == [] and b_out.log_probs == [] and b_out.entropy == []
+    # another caller's request and another session, queued behind the aborted ones, ran to their end
+    for out in (other_out, later_out):
+        assert out.stop_reason == "length" and len(out.token_ids) == 8
+        _well_formed(out)
+    assert again.stop_reason == "abort" and again.token_ids == [] and again_s < 0.1
+    assert after.stop_reason == "length" and len(after.token_ids) == 6  # forgotten: generates normally
+    _well_formed(after)
+    assert entropy_requests == 0  # no entropy state of an aborted request left in the scheduler
+
+
+async def test_abort_sessions_refuses_a_request_id(tiny_model_dir, tmp_path, isolated_env):
+    server = _server(tiny_model_dir, tmp_path)
+    with pytest.raises(ValueError, match="not a session prefix"):
+        await server.abort_sessions([turn_request_id(new_session_id())])
+    with pytest.raises(ValueError, match="not a session prefix"):
+        await server.abort_sessions([uuid4().hex])

@@ -1,0 +1,125 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""verl 0.7.1's ``AgentLoopWorker`` with session-named trajectories and over-sampling with abort.
+
+Every trajectory runs under its own session (:mod:`treetune_verl.rollout.session`), named in the request id of each
+of its turns by :class:`~treetune_verl.agent_loop.session_server_manager.SessionServerManager`. When the manager put
+an over-sampling plan into ``prompts.meta_info`` (training batches with ``rollout.over_sample_rate > 0``), the worker
+keeps a trajectory only if it claims one of the step's slots at the batch-wide counter, and aborts the rest once
+the target is reached (:class:`~treetune_verl.agent_loop.over_sample.OverSampleStep`).
+
+An aborted row reaches verl's trainer as an empty response, exactly as verl's own metrics define an aborted sample
+(``metric_utils.py:122``: response length 0): response ids padding, ``attention_mask`` and ``response_mask`` 0 over
+the response, log-probs 0, reward 0; ``batch["rollout_aborted"]`` marks it. The same empty row stands for a kept
+trajectory that produced no token, which verl's ``_agent_loop_postprocess`` cannot pad (``.dim()`` on lists).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from contextvars import ContextVar
+from typing import Any
+
+import torch
+from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, AgentLoopWorker, _InternalAgentLoopOutput
+from verl.protocol import DataProto
+
+from treetune_verl.agent_loop.fields import ROLLOUT_ABORTED_KEY
+from treetune_verl.agent_loop.over_sample import CURRENT_TRAJECTORY, OverSampleStep, Trajectory, step_of
+from treetune_verl.agent_loop.session_server_manager import SessionServerManager
+from treetune_verl.rollout.session import new_session_id
+
+_CURRENT_STEP: ContextVar[OverSampleStep | None] = ContextVar("treetune_over_sample_step", default=None)
+
+
+class OverSamplingAgentLoopWorker(AgentLoopWorker):
+    """``AgentLoopWorker`` running each trajectory under a session, aborting the long tail when over-sampling.
+
+    ``batch["rollout_aborted"]`` (bool ``[batch]``) is always emitted; all ``False`` without over-sampling and in
+    validation batches, which never abort.
+    """
+
+    def __init__(
+        self,
+        config: Any,
+        servers: list[tuple[str, Any]],
+        load_balancer_handle: Any,
+        reward_loop_worker_handles: list[Any] | None = None,
+    ) -> None:
+        if not hasattr(self, "server_manager"):  # verl's own hook for recipes (agent_loop.py:420)
+            self.server_manager = SessionServerManager(config, servers, load_balancer_handle=load_balancer_handle)
+        super().__init__(config, servers, load_balancer_handle, reward_loop_worker_handles)
+
+    async def generate_sequences(self, batch: DataProto) -> DataProto:
+        plan = step_of(batch.meta_info)
+        if plan is None:
+            return await super().generate_sequences(batch)
+        if self.processor is not None:
+            raise NotImplementedError("over_sample_rate > 0 with a multi-modal processor is not supported")
+        step = OverSampleStep(*plan)
+        token = _CURRENT_STEP.set(step)  # copied into every trajectory task the parent creates
+        watcher = asyncio.create_task(step.abort_when_target_reached(self.server_manager))
+        try:
+            return await super().generate_sequences(batch)
+        finally:
+            _CURRENT_STEP.reset(token)
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            if step.aborted_sessions:
+                await self.server_manager.forget_sessions(step.aborted_sessions)
+
+    async def _run_agent_loop(self, sampling_params: dict[str, Any], trajectory: dict[str, Any], **kwargs: Any):
+        step = _CURRENT_STEP.get()
+        session = new_session_id()
+        if step is not None:
+            step.open(session)
+        token = CURRENT_TRAJECTORY.set(Trajectory(session=session, step=step))
+        try:
+            return await super()._run_agent_loop(sampling_params, trajectory, **kwargs)
+        finally:
+            CURRENT_TRAJECTORY.reset(token)
+
+    async def _agent_loop_postprocess(self, output: AgentLoopOutput, **kwargs: Any) -> _InternalAgentLoopOutput:
+        trajectory = CURRENT_TRAJECTORY.get()
+        keep = True
+        if trajectory is not None and trajectory.step is not None:
+            keep = await trajectory.step.settle(trajectory.session)
+        if keep and output.response_ids:
+            internal = await super()._agent_loop_postprocess(output, **kwargs)
+        else:
+            internal = await self._empty_response_postprocess(output, **kwargs)
+        internal.extra_fields[ROLLOUT_ABORTED_KEY] = not keep
+        return internal
+
+    async def _empty_response_postprocess(self, output: AgentLoopOutput, **kwargs: Any) -> _InternalAgentLoopOutput:
+        """The parent's postprocessing of a row whose response is empty (aborted, or no token produced).
+
+        The parent cannot pad an empty response, so it runs on a one-token placeholder (padding, mask 0) whose
+        attention is then removed and the position ids recomputed by verl's own ``_compute_position_ids``. The reward
+        workers still score the row (verl needs every row's reward extras, ``agent_loop.py:840``); the trainer hook
+        sets an aborted row's reward to 0 (``trainer_hooks.py``).
+        """
+        update: dict[str, Any] = {
+            "response_ids": [self.tokenizer.pad_token_id],
+            "response_mask": [0],
+            "response_logprobs": [0.0] if self.rollout_config.calculate_log_probs else None,
+            "routed_experts": None,
+        }
+        internal = await super()._agent_loop_postprocess(output.model_copy(update=update), **kwargs)
+        prompt_length = internal.prompt_ids.shape[1]
+        internal.attention_mask[:, prompt_length:] = 0
+        internal.response_mask.zero_()
+        internal.position_ids = self._compute_position_ids(
+            internal.input_ids, internal.attention_mask, internal.multi_modal_inputs
+        )
+        return internal
+
+    def _postprocess(
+        self, inputs: list[_InternalAgentLoopOutput], input_non_tensor_batch: dict | None = None
+    ) -> DataProto:
+        aborted = [bool(item.extra_fields.pop(ROLLOUT_ABORTED_KEY, False)) for item in inputs]
+        data = super()._postprocess(inputs, input_non_tensor_batch=input_non_tensor_batch)
+        data.batch[ROLLOUT_ABORTED_KEY] = torch.tensor(aborted, dtype=torch.bool)
+        return data

@@ -1,0 +1,72 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""verl 0.7.1's ``AsyncLLMServerManager`` naming every turn's request after its trajectory's session.
+
+verl's manager sends a fresh ``uuid4().hex`` per turn (``agent_loop.py:158``), so nobody can abort a trajectory's
+requests. Here the request id of each turn is ``<session prefix><hex>`` (:mod:`treetune_verl.rollout.session`), the
+session being the one of the calling trajectory (:data:`~treetune_verl.agent_loop.over_sample.CURRENT_TRAJECTORY`),
+and the servers can be told to abort sessions. Used by every agent loop of the worker, stock verl loops included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+from uuid import uuid4
+
+from verl.experimental.agent_loop.agent_loop import AsyncLLMServerManager
+from verl.utils.rollout_trace import rollout_trace_op
+
+from treetune_verl.agent_loop.over_sample import CURRENT_TRAJECTORY
+from treetune_verl.rollout.session import turn_request_id
+from treetune_verl.rollout.token_output import ABORTED_STOP_REASON, EntropyTokenOutput
+
+
+class SessionServerManager(AsyncLLMServerManager):
+    """``AsyncLLMServerManager`` whose request ids carry the trajectory's session prefix; aborts by session.
+
+    Outside a trajectory (no :data:`CURRENT_TRAJECTORY`) a request gets verl's plain ``uuid4().hex``. Once the
+    trajectory's over-sampled step has reached its target, a turn is answered at once with an empty ``"abort"``
+    output, without reaching a server.
+    """
+
+    @rollout_trace_op
+    async def generate(
+        self,
+        request_id: str,
+        *,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        image_data: list[Any] | None = None,
+        video_data: list[Any] | None = None,
+    ) -> Any:
+        """verl's ``generate`` (``agent_loop.py:136-166``) with the session-prefixed request id.
+
+        ``request_id`` stays what verl uses it for: the sticky-session key of the load balancer.
+        """
+        trajectory = CURRENT_TRAJECTORY.get()
+        if trajectory is not None and trajectory.step is not None and trajectory.step.target_reached:
+            empty = [] if sampling_params.get("logprobs", False) else None
+            return EntropyTokenOutput(token_ids=[], log_probs=empty, entropy=empty, stop_reason=ABORTED_STOP_REASON)
+        turn_id = turn_request_id(trajectory.session) if trajectory is not None else uuid4().hex
+        server_id, server = await self._acquire_server(request_id)
+        try:
+            return await server.generate.remote(
+                request_id=turn_id,
+                prompt_ids=prompt_ids,
+                sampling_params=sampling_params,
+                image_data=image_data,
+                video_data=video_data,
+            )
+        finally:
+            self._release_server(server_id)
+
+    async def abort_sessions(self, sessions: list[str]) -> None:
+        """Abort these sessions on every server (a session's turns may have gone to any of them)."""
+        await asyncio.gather(*[server.abort_sessions.remote(sessions) for server in self._servers()])
+
+    async def forget_sessions(self, sessions: list[str]) -> None:
+        await asyncio.gather(*[server.forget_sessions.remote(sessions) for server in self._servers()])
+
+    def _servers(self) -> list[Any]:
+        return list(self._server_id_to_handle.values())

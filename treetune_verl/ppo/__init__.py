@@ -1,0 +1,10 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""verl's PPO side of over-sampling with abort: aborted rollouts (``response_mask`` all 0) carry no signal.
+
+- ``advantage``: the estimators ``grpo_valid`` / ``rloo_valid``, verl's GRPO / RLOO over each group's completed rows.
+- ``loss_aggregation``: the legacy FSDP actor's loss normalised over a mini-batch's completed rows, never NaN.
+- ``actor_setup``: the module named in ``actor_rollout_ref.model.external_lib``; installs the above in the workers.
+
+Importing this package imports nothing (no verl): each module is imported where it is needed.
+"""

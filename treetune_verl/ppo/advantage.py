@@ -1,0 +1,154 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""GRPO and RLOO over each group's completed rows: an aborted rollout does not exist for the group statistics.
+
+An aborted row reaches the trainer with an all-zero ``response_mask`` and score 0. verl's ``grpo`` / ``rloo``
+(``verl/trainer/ppo/core_algos.py`` ``compute_grpo_outcome_advantage`` / ``compute_rloo_outcome_advantage``) count
+it in its group's mean and std: one aborted row in a group of 4 scored [1, 1, 0] moves the advantages from
+[0.577, 0.577, -1.155] (the 3 completed rows alone) to [0.866, 0.866, -0.866]. The estimators registered here,
+``algorithm.adv_estimator=grpo_valid`` / ``rloo_valid``, call verl's own function on the completed rows only and
+scatter the result back:
+
+- a row is *completed* iff its ``response_mask`` has a 1 (the estimator sees no other flag; an aborted row has none);
+- an aborted row gets advantage (and return) 0;
+- a group with an aborted row and fewer than 2 completed rows gets 0 for all its rows: one completed row has no
+  baseline (verl would hand it its raw score, as it does for a group of size 1);
+- a group without an aborted row is exactly what verl computes (bit for bit, size-1 groups at ``rollout.n == 1``
+  included), so a batch without aborted rows gives verl's result.
+
+The trainer calls these as ``fn(token_level_rewards=, response_mask=, config=algorithm_config, index=uid)``
+(``verl/trainer/ppo/ray_trainer.py`` ``compute_advantage``, the branch for estimators other than GAE and GRPO), in
+the trainer's process: that process must import this module (registration happens at import).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from verl.trainer.ppo import core_algos
+
+__all__ = ["GRPO_VALID", "RLOO_VALID", "completed_rows", "compute_grpo_valid_advantage", "compute_rloo_valid_advantage"]
+
+GRPO_VALID = "grpo_valid"
+RLOO_VALID = "rloo_valid"
+
+
+def completed_rows(response_mask: torch.Tensor) -> torch.Tensor:
+    """``[batch]`` bool: rows with at least one response token in the loss (``response_mask``: [batch, response_length])."""
+    return response_mask.sum(dim=-1) > 0
+
+
+def _over_completed_rows(
+    upstream: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Any,
+    **upstream_kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl's ``upstream`` estimator on the completed rows, scattered back; see the module docstring for the rules."""
+    completed = completed_rows(response_mask)
+    keep = completed.cpu().numpy()
+    index = np.asarray(index)
+    dtype = torch.result_type(token_level_rewards, response_mask)  # what upstream's `scores * response_mask` gives
+    advantages = torch.zeros(token_level_rewards.shape, dtype=dtype, device=token_level_rewards.device)
+    if keep.any():
+        kept, _ = upstream(
+            token_level_rewards=token_level_rewards[completed],
+            response_mask=response_mask[completed],
+            index=index[keep],
+            **upstream_kwargs,
+        )
+        advantages[completed] = kept
+    if not keep.all():
+        n_completed = Counter(index[keep].tolist())
+        with_aborted = set(index[~keep].tolist())
+        short = [row for row, uid in enumerate(index.tolist()) if uid in with_aborted and n_completed[uid] < 2]
+        advantages[short] = 0.0
+    return advantages, advantages
+
+
+def compute_grpo_valid_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool | None = None,
+    config: Any = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO over each group's completed rows (``algorithm.adv_estimator=grpo_valid``).
+
+    Args:
+        token_level_rewards: [batch, response_length]; a row's score is its sum.
+        response_mask: [batch, response_length]; an all-zero row is aborted.
+        index: [batch] group ids (the ``uid`` column).
+        epsilon: added to the group std.
+        norm_adv_by_std_in_grpo: divide by the group std; ``None`` reads ``config["norm_adv_by_std_in_grpo"]``
+            (default True), which is how verl's trainer passes it to a registered estimator.
+        config: verl's ``algorithm`` config (``AlgoConfig`` / dict / ``DictConfig``) or ``None``.
+
+    Returns:
+        ``(advantages, returns)``, both [batch, response_length] (the same tensor, as verl's GRPO returns).
+    """
+    if norm_adv_by_std_in_grpo is None:
+        norm_adv_by_std_in_grpo = True if config is None else bool(config.get("norm_adv_by_std_in_grpo", True))
+    return _over_completed_rows(
+        core_algos.compute_grpo_outcome_advantage,
+        token_level_rewards,
+        response_mask,
+        index,
+        epsilon=epsilon,
+        norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
+        config=config,
+    )
+
+
+def compute_rloo_valid_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    epsilon: float = 1e-6,
+    config: Any = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RLOO over each group's completed rows (``algorithm.adv_estimator=rloo_valid``): score minus the mean of the
+    group's other completed rows.
+
+    Args:
+        token_level_rewards: [batch, response_length]; a row's score is its sum.
+        response_mask: [batch, response_length]; an all-zero row is aborted.
+        index: [batch] group ids (the ``uid`` column).
+        epsilon: passed to verl's RLOO (which does not use it).
+        config: verl's ``algorithm`` config or ``None``.
+
+    Returns:
+        ``(advantages, returns)``, both [batch, response_length].
+    """
+    return _over_completed_rows(
+        core_algos.compute_rloo_outcome_advantage,
+        token_level_rewards,
+        response_mask,
+        index,
+        epsilon=epsilon,
+        config=config,
+    )
+
+
+def _register(name: str, fn: Callable[..., Any]) -> None:
+    """Register ``fn`` under ``name`` with verl; a re-import of this module replaces its own earlier entry.
+
+    verl's ``register_adv_est`` raises when another function object holds the name, which a module reload is.
+    """
+    registry = core_algos.ADV_ESTIMATOR_REGISTRY
+    held = registry.get(name)
+    if held is not None and (held.__module__, held.__qualname__) == (fn.__module__, fn.__qualname__):
+        del registry[name]
+    core_algos.register_adv_est(name)(fn)
+
+
+_register(GRPO_VALID, compute_grpo_valid_advantage)
+_register(RLOO_VALID, compute_rloo_valid_advantage)

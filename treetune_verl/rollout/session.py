@@ -1,0 +1,44 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""Session ids: one per trajectory, the prefix of the request id of every turn it sends, so it can be aborted alone.
+
+sglang's scheduler aborts every request whose rid *starts with* an ``AbortReq``'s rid (``scheduler.py``
+``abort_request``), while its TokenizerManager matches rids exactly; and ``X_1`` is a prefix of ``X_10``. A session
+prefix therefore ends with :data:`SESSION_DELIMITER`, a character no generated id contains (``uuid4().hex`` is
+``[0-9a-f]``, and sglang's ``n > 1`` copies append ``_<i>`` after the whole rid), so a prefix matches exactly the
+turns of its own trajectory and nothing of another caller or a later step.
+
+    session = new_session_id()          # "tts-3f2a...9c:"
+    rid = turn_request_id(session)      # "tts-3f2a...9c:71be...04"
+    session_of(rid) == session
+"""
+
+from __future__ import annotations
+
+from uuid import uuid4
+
+SESSION_DELIMITER = ":"
+_SESSION_TAG = "tts-"
+
+
+def new_session_id() -> str:
+    """A fresh session prefix: ``"tts-<32 hex>:"``."""
+    return f"{_SESSION_TAG}{uuid4().hex}{SESSION_DELIMITER}"
+
+
+def turn_request_id(session: str) -> str:
+    """The request id of one turn of ``session``: the session prefix followed by a fresh hex id."""
+    if not is_session_id(session):
+        raise ValueError(f"not a session id: {session!r} (expected {_SESSION_TAG}<hex>{SESSION_DELIMITER})")
+    return f"{session}{uuid4().hex}"
+
+
+def is_session_id(session: str) -> bool:
+    return session.startswith(_SESSION_TAG) and session.count(SESSION_DELIMITER) == 1 and session.endswith(":")
+
+
+def session_of(request_id: str) -> str | None:
+    """The session prefix a request id belongs to, or ``None`` for an id not made by :func:`turn_request_id`."""
+    if not request_id.startswith(_SESSION_TAG) or SESSION_DELIMITER not in request_id:
+        return None
+    return request_id[: request_id.index(SESSION_DELIMITER) + 1]
