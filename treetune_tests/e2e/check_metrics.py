@@ -29,6 +29,9 @@ Variant checks (``E2E_VARIANT=full|resume`` of ``test_entropy_e2e.sh``):
   verl's own ``response/aborted_ratio`` (rows with an empty response) both equal R, ``rollout/score/completed_mean``
   equals verl's ``critic/score/mean`` (both over completed rows), ``rollout/score/aborted_as_zero_mean`` and
   ``rollout/wall_time_s`` are logged.
+- ``--pg-token-quantile Q`` (forking tokens, ``E2E_PG_TOKEN_QUANTILE``): at every step ``pg_token_mask/kept_share``
+  is in ``[Q, Q + 0.05]`` (ties at the threshold are kept), the threshold is logged, and the kept tokens' mean rollout
+  entropy is above the dropped ones'.
 - ``--same-generations A B``: two validation dumps (``trainer.validation_data_dir``, ``<step>.jsonl``) hold the same
   greedy generations (a resumed run's validation before training against the saved run's validation of the saved
   step: the loaded weights are the saved ones).
@@ -64,7 +67,10 @@ COMPLETED_SCORE, ZERO_SCORE, VERL_SCORE = (
 # actor/kl_loss at global step 1, where the actor is the reference model (same weights, both fp32 on CPU: 0.0 measured)
 KL_AT_START_MAX = 1e-6
 REPORTED = (PG_LOSS, GRAD_NORM, ENTROPY_MEAN, ENTROPY_DIFF, PROBS_DIFF, PEARSON, "critic/score/mean", "timing_s/step")
-VARIANT_REPORTED = (KL_LOSS, VAL_ENTROPY_MEAN, ABORTED_RATIO, COMPLETED_SCORE, ZERO_SCORE)
+KEPT_SHARE, THRESHOLD = "pg_token_mask/kept_share", "pg_token_mask/threshold"
+KEPT_ENTROPY, DROPPED_ENTROPY = "pg_token_mask/entropy_kept_mean", "pg_token_mask/entropy_dropped_mean"
+TIE_TOLERANCE = 0.05  # how far above Q the kept share may go through ties at the threshold
+VARIANT_REPORTED = (KL_LOSS, VAL_ENTROPY_MEAN, ABORTED_RATIO, COMPLETED_SCORE, ZERO_SCORE, KEPT_SHARE, THRESHOLD)
 
 
 def read_steps(path: Path) -> list[dict]:
@@ -115,6 +121,7 @@ def check(
     max_entropy_diff: float | None = None,
     entropy: bool = True,
     aborted_ratio: float | None = None,
+    pg_token_quantile: float | None = None,
 ) -> list[str]:
     """Every failed acceptance check, as a message (empty: accepted). ``steps``: all records (``read_steps``)."""
     errors: list[str] = []
@@ -167,6 +174,8 @@ def check(
             _check_validation(errors, metrics, entropy)
         if aborted_ratio is not None:
             _check_over_sampling(errors, metrics, aborted_ratio)
+        if pg_token_quantile is not None:
+            _check_forking_tokens(errors, metrics, pg_token_quantile)
     if val and trained:
         before = [m for m in steps if is_validation_only(m) and m["step"] == trained[0]["step"] - 1]
         if not before:
@@ -183,6 +192,14 @@ def _check_over_sampling(errors: list[str], metrics: dict, aborted_ratio: float)
     _need(errors, metrics, COMPLETED_SCORE, lambda v: abs(v - verl_score) < 1e-6, f"{VERL_SCORE} ({verl_score})")
     _need(errors, metrics, ZERO_SCORE, lambda v: True, "a finite number")
     _need(errors, metrics, "rollout/wall_time_s", lambda v: v > 0, "> 0")
+
+
+def _check_forking_tokens(errors: list[str], metrics: dict, quantile: float) -> None:
+    high = quantile + TIE_TOLERANCE
+    _need(errors, metrics, KEPT_SHARE, lambda v: quantile <= v <= high, f"in [{quantile}, {high}]")
+    _need(errors, metrics, THRESHOLD, lambda v: v >= 0, ">= 0 nats")
+    dropped = metrics.get(DROPPED_ENTROPY)
+    _need(errors, metrics, KEPT_ENTROPY, lambda v: dropped is None or v > dropped, f"> {DROPPED_ENTROPY} ({dropped})")
 
 
 def _check_validation(errors: list[str], metrics: dict, entropy: bool = True) -> None:
@@ -248,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         "--no-entropy", action="store_true", help="a run without the override block: skip the entropy checks"
     )
     parser.add_argument("--aborted-ratio", type=float, default=None, help="over-sampling: expected aborted share")
+    parser.add_argument("--pg-token-quantile", type=float, default=None, help="forking tokens: the configured q")
     parser.add_argument("--json", type=Path, default=None, help="also write the per-step acceptance metrics here")
     args = parser.parse_args(argv)
     if args.no_entropy and args.max_entropy_diff is not None:
@@ -272,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         max_entropy_diff=args.max_entropy_diff,
         entropy=not args.no_entropy,
         aborted_ratio=args.aborted_ratio,
+        pg_token_quantile=args.pg_token_quantile,
     )
     if args.same_generations is not None:
         errors += same_generations(*args.same_generations)

@@ -43,7 +43,7 @@
 # Env: E2E_MODEL (smollm2 | tiny: the random tiny Qwen2 of treetune_tests/tiny_model.py), MODEL_PATH (overrides
 # E2E_MODEL), E2E_DEVICE (auto | cpu | cuda), E2E_VARIANT (above), E2E_STEPS (trainer.total_training_steps; default
 # per variant), E2E_NPROC (training processes = declared GPUs on CPU; default 1 for base, 2 otherwise),
-# E2E_WORKDIR (default per variant), E2E_RESUME_FROM (resume only), E2E_OVER_SAMPLE (rollout.over_sample_rate, above), E2E_PROBE=1 (also select the probing manager,
+# E2E_WORKDIR (default per variant), E2E_RESUME_FROM (resume only), E2E_OVER_SAMPLE (rollout.over_sample_rate, above), E2E_PG_TOKEN_QUANTILE (forking tokens, above), E2E_PROBE=1 (also select the probing manager,
 # treetune_tests/e2e/e2e_probe.py, and check the shape/dtype/mask alignment of every rollout's
 # batch["rollout_entropy"]), E2E_MAX_PROBS_DIFF / E2E_MIN_PEARSON (bounds at every step; CPU defaults 1e-3 / 0.999,
 # empty: no bound), PYTHON (default: python), RAY_TMPDIR (default /tmp/treetune_e2e_ray).
@@ -224,6 +224,13 @@ fi
 if [[ "$PROBE" == 1 ]]; then
     ARGS+=(actor_rollout_ref.rollout.agent.agent_loop_manager_class=treetune_tests.e2e.e2e_probe.ProbedEntropyAgentLoopManager)
 fi
+# Forking tokens (E2E_PG_TOKEN_QUANTILE=<q>, e.g. 0.2): the policy gradient only on the top q share of tokens by
+# rollout entropy (custom.entropy.pg_token_quantile); check_metrics --pg-token-quantile checks the kept share.
+PG_TOKEN_QUANTILE=${E2E_PG_TOKEN_QUANTILE:-}
+if [[ -n "$PG_TOKEN_QUANTILE" ]]; then
+    [[ "$BLOCK" == 1 ]] || { echo "E2E_PG_TOKEN_QUANTILE needs the override block (E2E_BLOCK=1)" >&2; exit 2; }
+    ARGS+=(actor_rollout_ref.rollout.custom.entropy.pg_token_quantile="$PG_TOKEN_QUANTILE")
+fi
 if [[ "$OVER_SAMPLE" != 0 ]]; then
     ARGS+=(
         actor_rollout_ref.rollout.over_sample_rate="$OVER_SAMPLE"
@@ -323,6 +330,7 @@ if [[ "$OVER_SAMPLE" != 0 ]]; then
     CHECK+=(--aborted-ratio "$("$PYTHON" -c "from treetune_verl.agent_loop.over_sample import completion_target as t
 b = $((TRAIN_BATCH_SIZE * ROLLOUT_N)); print((b - t($OVER_SAMPLE, b)) / b)")")
 fi
+[[ -n "$PG_TOKEN_QUANTILE" ]] && CHECK+=(--pg-token-quantile "$PG_TOKEN_QUANTILE")
 "$PYTHON" -m treetune_tests.e2e.check_metrics "$VERL_FILE_LOGGER_PATH" "${CHECK[@]}"
 
 if [[ "$PROBE" == 1 ]]; then

@@ -9,6 +9,7 @@ stays ``sglang``: the FSDP workers look the name up in their own registry (``wor
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -30,9 +31,9 @@ from treetune_verl.agent_loop.over_sample import (
     completion_target,
     over_sample_rate,
 )
-from treetune_verl.agent_loop.trainer_hooks import PENDING_METRICS_KEY, install_trainer_hooks
+from treetune_verl.agent_loop.trainer_hooks import PENDING_METRICS_KEY, STEERING_META_KEY, install_trainer_hooks
 from treetune_verl.ppo import advantage  # noqa: F401  (registers grpo_valid / rloo_valid in the trainer's process)
-from treetune_verl.rollout.rollout_config import CONFIG_PATH, check_rollout_config
+from treetune_verl.rollout.rollout_config import CONFIG_PATH, check_rollout_config, entropy_steering
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,10 @@ class EntropyAgentLoopManager(AgentLoopManager):
     Over-sampling with abort (``rollout.over_sample_rate`` > 0, training batches only): each step gets a
     :func:`completion_target` on a :class:`CompletionCounter` shared by the workers, which abort the rest
     (``over_sample_worker.py``); ``rollout/wall_time_s`` and the aborted-row metrics reach the step's metrics.
+
+    Entropy steering (``custom.entropy.pg_token_quantile`` / ``advantage_shaping``): the settings travel with each
+    training rollout to the trainer's ``compute_advantage`` hook, which reshapes the advantages from
+    ``rollout_entropy``.
 
     Raises:
         ValueError: ``rollout.name`` is not ``sglang``, ``calculate_log_probs`` is off, the entropy section is
@@ -79,6 +84,7 @@ class EntropyAgentLoopManager(AgentLoopManager):
                 "entropy server is selected by this manager, not by the rollout name"
             )
         check_rollout_config(rollout_config)
+        self._steering = entropy_steering(rollout_config)
         self._over_sample_rate = over_sample_rate(rollout_config)
         if self._over_sample_rate > 0:
             check_over_sample_config(config)
@@ -112,6 +118,8 @@ class EntropyAgentLoopManager(AgentLoopManager):
                 await self._completion_counter.end.remote(step)
         if not validate:
             output.meta_info.setdefault(PENDING_METRICS_KEY, {})["rollout/wall_time_s"] = time.perf_counter() - start
+            if self._steering.active:  # read by the compute_advantage hook (trainer_hooks.py)
+                output.meta_info[STEERING_META_KEY] = dataclasses.asdict(self._steering)
         if validate:
             keys = [ROLLOUT_ENTROPY_KEY, "response_mask", HAS_ROLLOUT_ENTROPY_KEY]
             self._validation_rollouts.append(output.select(batch_keys=keys, non_tensor_batch_keys=[]))

@@ -18,6 +18,10 @@ these one-attribute patches there (idempotent, guarded by verl's version and the
   reward of a row marked ``rollout_aborted`` becomes 0 whoever computed it (the reward function may score an empty
   response, e.g. a format penalty). The compute_data_metrics wrapper also adds the over-sampling metrics
   (``metrics.over_sample_metrics``) when the batch carries ``rollout_aborted``.
+- ``ray_trainer.compute_advantage`` (``ray_trainer.py:1487``, a module global of ``fit``): when the manager put
+  entropy steering into the batch (``custom.entropy.pg_token_quantile`` / ``advantage_shaping``), the advantages
+  verl computed are reshaped from ``rollout_entropy`` (:func:`steer_advantages`): no extra forward pass, one
+  threshold for the whole training batch.
 """
 
 from __future__ import annotations
@@ -27,12 +31,14 @@ from typing import Any
 from treetune_verl.agent_loop.fields import HAS_ROLLOUT_ENTROPY_KEY, ROLLOUT_ABORTED_KEY, ROLLOUT_ENTROPY_KEY
 from treetune_verl.agent_loop.metrics import actor_agreement_metrics, over_sample_metrics
 from treetune_verl.patching import replace_attr
+from treetune_verl.ppo.entropy_advantage import entropy_shaped_advantages, forking_token_mask, mask_advantages
 from treetune_verl.rollout.rollout_config import entropy_config
 from treetune_verl.verl_guard import SUPPORTED_VERL_VERSIONS, UnsupportedVerlError, check_signature, require_verl
 
 __all__ = ["SUPPORTED_VERL_VERSIONS", "UnsupportedVerlError", "agreement_is_defined", "install_trainer_hooks"]
 
 PENDING_METRICS_KEY = "treetune_step_metrics"  # batch.meta_info: metrics to add to this step's data metrics
+STEERING_META_KEY = "treetune_entropy_steering"  # batch.meta_info: EntropySteering as a dict, set by the manager
 ACTOR_ENTROPY_KEY = "entropys"  # verl's name for the actor's per-token entropy in _compute_old_log_prob's result
 
 # Signatures the wrappers repeat: verl 0.7.1 trainer/ppo/ray_trainer.py.
@@ -40,6 +46,7 @@ _COMPUTE_OLD_LOG_PROB_PARAMS = ("self", "batch")
 _COMPUTE_DATA_METRICS_PARAMS = ("batch", "use_critic")
 _VAL_METRICS_UPDATE_PARAMS = ("self", "data_sources", "sample_uids", "reward_extra_infos_dict", "sample_turns")
 _EXTRACT_REWARD_PARAMS = ("batch",)
+_COMPUTE_ADVANTAGE_PARAMS = ("data", "adv_estimator", "gamma", "lam", "num_repeat", "norm_adv_by_std_in_grpo", "config")
 
 
 def agreement_is_defined(rollout_config: Any) -> bool:
@@ -106,6 +113,55 @@ def _wrap_extract_reward(original):
     return extract_reward
 
 
+def steer_advantages(batch: Any, steering: dict[str, Any]) -> dict[str, float]:
+    """Reshape ``batch.batch["advantages"]`` in place from ``rollout_entropy``; returns the step's metrics.
+
+    Entropy shaping first (``entropy_advantage/{bonus_mean,capped_share}``), then the forking-token mask
+    (``pg_token_mask/{threshold,kept_share,entropy_kept_mean,entropy_dropped_mean}``), both over the
+    ``response_mask`` tokens of the whole training batch.
+
+    Raises:
+        ValueError: the batch has no ``rollout_entropy``, or rows whose loop carries none (their zeros are not
+            entropies: they would all be dropped as the least uncertain tokens).
+    """
+    tensors = batch.batch
+    entropy = tensors.get(ROLLOUT_ENTROPY_KEY, None)
+    if entropy is None:
+        raise ValueError(f"entropy steering needs batch[{ROLLOUT_ENTROPY_KEY!r}]: is the override block on?")
+    has_entropy = tensors.get(HAS_ROLLOUT_ENTROPY_KEY, None)
+    if has_entropy is not None and not bool(has_entropy.all()):
+        rows = (~has_entropy.bool()).nonzero().flatten().tolist()
+        raise ValueError(
+            f"entropy steering: rows {rows[:10]} carry no rollout entropy (stock verl agent loops?); use the entropy "
+            "loops for every row (README, 'Rollout entropy in verl')"
+        )
+    mask, advantages, metrics = tensors["response_mask"], tensors["advantages"], {}
+    if steering.get("shaping_alpha") is not None:
+        advantages, shaping = entropy_shaped_advantages(
+            advantages, entropy, mask, steering["shaping_alpha"], steering["shaping_kappa"]
+        )
+        metrics |= {f"entropy_advantage/{key}": value for key, value in shaping.items()}
+    if steering.get("pg_token_quantile") is not None:
+        keep, forking = forking_token_mask(entropy, mask, steering["pg_token_quantile"])
+        advantages = mask_advantages(advantages, keep, mask)
+        metrics |= {f"pg_token_mask/{key}": value for key, value in forking.items()}
+    tensors["advantages"] = advantages
+    return metrics
+
+
+def _wrap_compute_advantage(original):
+    def compute_advantage(
+        data, adv_estimator, gamma=1.0, lam=1.0, num_repeat=1, norm_adv_by_std_in_grpo=True, config=None
+    ):
+        data = original(data, adv_estimator, gamma, lam, num_repeat, norm_adv_by_std_in_grpo, config)
+        steering = data.meta_info.get(STEERING_META_KEY)
+        if steering:
+            data.meta_info.setdefault(PENDING_METRICS_KEY, {}).update(steer_advantages(data, steering))
+        return data
+
+    return compute_advantage
+
+
 def install_trainer_hooks() -> None:
     """Install the hooks in this process (idempotent).
 
@@ -120,7 +176,9 @@ def install_trainer_hooks() -> None:
     check_signature(ray_trainer.compute_data_metrics, _COMPUTE_DATA_METRICS_PARAMS, "ray_trainer.compute_data_metrics")
     check_signature(trainer._val_metrics_update, _VAL_METRICS_UPDATE_PARAMS, "RayPPOTrainer._val_metrics_update")
     check_signature(ray_trainer.extract_reward, _EXTRACT_REWARD_PARAMS, "ray_trainer.extract_reward")
+    check_signature(ray_trainer.compute_advantage, _COMPUTE_ADVANTAGE_PARAMS, "ray_trainer.compute_advantage")
     replace_attr(trainer, "_compute_old_log_prob", _wrap_compute_old_log_prob)
     replace_attr(ray_trainer, "compute_data_metrics", _wrap_compute_data_metrics)
     replace_attr(trainer, "_val_metrics_update", _wrap_val_metrics_update)
     replace_attr(ray_trainer, "extract_reward", _wrap_extract_reward)
+    replace_attr(ray_trainer, "compute_advantage", _wrap_compute_advantage)

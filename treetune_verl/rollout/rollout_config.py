@@ -10,6 +10,7 @@ sglang.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -42,6 +43,46 @@ def entropy_config(rollout_config: Any) -> EntropyConfig:
         return EntropyConfig(top_k=top_k, mode=mode)
     except ValueError as exc:
         raise ValueError(f"{CONFIG_PATH}.custom.{ENTROPY_SECTION}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class EntropySteering:
+    """What the trainer does with rollout entropy (``custom.entropy``; all off by default).
+
+    ``pg_token_quantile``: train the policy gradient only on the top ``q`` share of response tokens by rollout
+    entropy (``None``: off). ``shaping_alpha`` / ``shaping_kappa``: the entropy-shaped advantage
+    ``A + min(alpha * H, |A| / kappa)`` (``shaping_alpha`` ``None``: off). See ``treetune_verl/ppo/entropy_advantage.py``.
+    """
+
+    pg_token_quantile: float | None = None
+    shaping_alpha: float | None = None
+    shaping_kappa: float = 2.0
+
+    @property
+    def active(self) -> bool:
+        return self.pg_token_quantile is not None or self.shaping_alpha is not None
+
+
+def entropy_steering(rollout_config: Any) -> EntropySteering:
+    """``EntropySteering`` from ``custom.entropy.{pg_token_quantile, advantage_shaping.{alpha, kappa}}``.
+
+    Raises:
+        ValueError: a quantile outside ``(0, 1]``, ``alpha < 0`` or ``kappa <= 1``, naming the key.
+    """
+    section = _get(_get(rollout_config, "custom"), ENTROPY_SECTION) or {}
+    where = f"{CONFIG_PATH}.custom.{ENTROPY_SECTION}"
+    quantile = _get(section, "pg_token_quantile")
+    if quantile is not None and not 0.0 < float(quantile) <= 1.0:
+        raise ValueError(f"{where}.pg_token_quantile must be in (0, 1] or null, got {quantile}")
+    shaping = _get(section, "advantage_shaping") or {}
+    alpha, kappa = _get(shaping, "alpha"), float(_get(shaping, "kappa", 2.0))
+    if alpha is not None and (float(alpha) < 0 or kappa <= 1):
+        raise ValueError(f"{where}.advantage_shaping needs alpha >= 0 and kappa > 1, got alpha={alpha}, kappa={kappa}")
+    return EntropySteering(
+        pg_token_quantile=None if quantile is None else float(quantile),
+        shaping_alpha=None if alpha is None else float(alpha),
+        shaping_kappa=kappa,
+    )
 
 
 def planned_server_args(rollout_config: Any) -> SimpleNamespace:

@@ -24,6 +24,7 @@ from treetune_verl.agent_loop import EntropyAgentLoopManager
 from treetune_verl.agent_loop import trainer_hooks as hooks
 from treetune_verl.agent_loop.metrics import actor_agreement_metrics
 from treetune_verl.patching import is_patched, original_of
+from treetune_verl.rollout.rollout_config import EntropySteering, entropy_steering
 
 ROLLOUT = torch.tensor([[1.0, 2.0, 0.0], [0.5, 0.0, 0.0], [0.0, 0.0, 0.0]])
 ACTOR = torch.tensor([[1.1, 1.7, 9.0], [0.5, 9.0, 9.0], [3.0, 3.0, 3.0]])
@@ -103,6 +104,8 @@ def test_install_is_idempotent_and_guarded(monkeypatch):
         (ray_trainer.RayPPOTrainer, "_compute_old_log_prob"),
         (ray_trainer, "compute_data_metrics"),
         (ray_trainer.RayPPOTrainer, "_val_metrics_update"),
+        (ray_trainer, "extract_reward"),
+        (ray_trainer, "compute_advantage"),
     ]:
         monkeypatch.setattr(owner, name, original_of(getattr(owner, name)))  # upstream for this test, restored after
     hooks.install_trainer_hooks()
@@ -123,6 +126,7 @@ def test_validation_rollouts_are_kept_by_generate_sequences():
     manager = object.__new__(EntropyAgentLoopManager)
     manager._validation_rollouts = []
     manager._over_sample_rate = 0.0
+    manager._steering = EntropySteering()
     out = _batch()
     out.batch["responses"] = torch.zeros(3, 3, dtype=torch.long)
 
@@ -137,3 +141,62 @@ def test_validation_rollouts_are_kept_by_generate_sequences():
         manager.generate_sequences(SimpleNamespace(meta_info={"validate": True}))
     (kept,) = manager._validation_rollouts
     assert set(kept.batch.keys()) == {"rollout_entropy", "response_mask", "has_rollout_entropy"}
+
+
+def _grpo_batch(has_entropy: list[bool] | None = None) -> DataProto:
+    """Two GRPO groups of two rows, 3 response tokens each (one padded), with rollout entropy."""
+    tensors = {
+        "token_level_rewards": torch.tensor([[0, 0, 1.0], [0, 0, 0], [0, 1.0, 0], [0, 0, 0]]),
+        "response_mask": torch.tensor([[1, 1, 1], [1, 1, 1], [1, 1, 0], [1, 1, 0]]),
+        "rollout_entropy": torch.tensor([[0.1, 2.0, 0.3], [1.5, 0.2, 0.4], [0.5, 3.0, 0.0], [0.6, 0.7, 0.0]]),
+    }
+    if has_entropy is not None:
+        tensors["has_rollout_entropy"] = torch.tensor(has_entropy)
+    return DataProto.from_dict(tensors=tensors, non_tensors={"uid": np.array(["a", "a", "b", "b"], dtype=object)})
+
+
+def test_compute_advantage_hook_masks_verls_advantages_from_rollout_entropy():
+    compute_advantage = hooks._wrap_compute_advantage(original_of(ray_trainer.compute_advantage))
+    stock = original_of(ray_trainer.compute_advantage)(_grpo_batch(), "grpo").batch["advantages"]
+    batch = _grpo_batch([True] * 4)
+    batch.meta_info[hooks.STEERING_META_KEY] = {"pg_token_quantile": 0.2, "shaping_alpha": None, "shaping_kappa": 2.0}
+    out = compute_advantage(batch, "grpo")
+    # 10 response tokens -> the 2 highest rollout entropies (3.0 and 2.0) keep their advantage, the rest 0
+    kept = torch.zeros(4, 3, dtype=torch.bool)
+    kept[0, 1] = kept[2, 1] = True
+    assert torch.equal(out.batch["advantages"], torch.where(kept, stock, torch.zeros_like(stock)))
+    metrics = out.meta_info[hooks.PENDING_METRICS_KEY]
+    assert metrics["pg_token_mask/threshold"] == 2.0 and metrics["pg_token_mask/kept_share"] == 0.2
+    assert metrics["pg_token_mask/entropy_kept_mean"] == pytest.approx(2.5)
+    # without steering in meta_info (validation, option off): verl's advantages untouched
+    assert torch.equal(compute_advantage(_grpo_batch(), "grpo").batch["advantages"], stock)
+
+
+def test_steering_refuses_rows_without_entropy_and_a_batch_without_it():
+    steering = {"pg_token_quantile": 0.5, "shaping_alpha": None, "shaping_kappa": 2.0}
+    batch = original_of(ray_trainer.compute_advantage)(_grpo_batch([True, False, True, True]), "grpo")
+    with pytest.raises(ValueError, match=r"rows \[1\] carry no rollout entropy"):
+        hooks.steer_advantages(batch, steering)
+    batch.batch.pop("rollout_entropy")
+    with pytest.raises(ValueError, match="needs batch\\['rollout_entropy'\\]"):
+        hooks.steer_advantages(batch, steering)
+
+
+@pytest.mark.parametrize(
+    ("section", "expected"),
+    [
+        ({}, EntropySteering()),
+        ({"pg_token_quantile": 0.2}, EntropySteering(pg_token_quantile=0.2)),
+        ({"advantage_shaping": {"alpha": 0.4, "kappa": 2}}, EntropySteering(shaping_alpha=0.4, shaping_kappa=2.0)),
+        ({"pg_token_quantile": 1.5}, "pg_token_quantile must be in"),
+        ({"advantage_shaping": {"alpha": 0.4, "kappa": 1}}, "kappa > 1"),
+    ],
+)
+def test_entropy_steering_settings(section, expected):
+    rollout = OmegaConf.create({"custom": {"entropy": section}})
+    if isinstance(expected, str):
+        with pytest.raises(ValueError, match=f"actor_rollout_ref.rollout.custom.entropy.*{expected}"):
+            entropy_steering(rollout)
+    else:
+        assert entropy_steering(rollout) == expected
+        assert entropy_steering(rollout).active == (expected != EntropySteering())

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from treetune_verl.config import AGENT_LOOPS_YAML, read_overrides
 
@@ -50,7 +51,12 @@ def test_block_composes_with_ppo_trainer():
     rollout = _compose(block).actor_rollout_ref.rollout
     assert rollout.name == "sglang" and rollout.mode == "async"
     assert rollout.calculate_log_probs is True
-    assert dict(rollout.custom.entropy) == {"top_k": 0, "mode": "raw"}
+    assert OmegaConf.to_container(rollout.custom.entropy) == {
+        "top_k": 0,
+        "mode": "raw",
+        "pg_token_quantile": None,  # steering off by default
+        "advantage_shaping": {"alpha": None, "kappa": 2.0},
+    }
     assert rollout.agent.agent_loop_manager_class == MANAGER
     assert rollout.agent.default_agent_loop == "entropy_single_turn_agent"
     # what verl does with it: the dataclass conversion (servers, workers) and the trainer's class loading
