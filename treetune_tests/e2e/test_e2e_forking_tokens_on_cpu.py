@@ -11,38 +11,22 @@ than dropped ones); the test re-reads the kept share, the threshold, the loss an
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from treetune_tests.e2e.check_metrics import GRAD_NORM, KEPT_SHARE, PG_LOSS, THRESHOLD, read_steps, training_steps
+from treetune_tests.e2e.script import REPO_ROOT, run_script
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = REPO_ROOT / "treetune_tests" / "e2e" / "test_entropy_e2e.sh"
 WORKDIR = REPO_ROOT / "outputs" / "e2e-test-forking-tokens"
 QUANTILE = 0.2
 
 
-def _script(env: dict[str, str], *args: str, timeout: int) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("E2E_") and k != "MODEL_PATH"}
-    return subprocess.run(
-        ["bash", str(SCRIPT), *args],
-        env={**base, "PYTHON": sys.executable, **env},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 def test_forking_token_arguments(tiny_model_dir, tmp_path):
     env = {"E2E_PRINT_ARGS": "1", "E2E_DEVICE": "cpu", "MODEL_PATH": str(tiny_model_dir), "E2E_WORKDIR": str(tmp_path)}
-    args = _script({**env, "E2E_PG_TOKEN_QUANTILE": "0.2"}, timeout=300).stdout.splitlines()
+    args = run_script({**env, "E2E_PG_TOKEN_QUANTILE": "0.2"}, timeout=300).stdout.splitlines()
     assert "actor_rollout_ref.rollout.custom.entropy.pg_token_quantile=0.2" in args
-    refused = _script({**env, "E2E_PG_TOKEN_QUANTILE": "0.2", "E2E_BLOCK": "0"}, timeout=60)
+    refused = run_script({**env, "E2E_PG_TOKEN_QUANTILE": "0.2", "E2E_BLOCK": "0"}, timeout=60)
     assert refused.returncode == 2 and "needs the override block" in refused.stderr
 
 
@@ -51,7 +35,7 @@ def test_forking_token_arguments(tiny_model_dir, tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU variant; on a GPU run the script directly")
 def test_grpo_on_forking_tokens_trains_every_step():
     env = {"E2E_MODEL": "tiny", "E2E_PG_TOKEN_QUANTILE": str(QUANTILE), "E2E_STEPS": "2", "E2E_WORKDIR": str(WORKDIR)}
-    result = _script(env, timeout=1200)
+    result = run_script(env, timeout=1200)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     steps = training_steps(read_steps(WORKDIR / "metrics.jsonl"))
     assert [m["step"] for m in steps] == [1, 2]

@@ -15,36 +15,20 @@ each step after an aborted one generated and trained normally.
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from treetune_tests.e2e.check_metrics import GRAD_NORM, PG_LOSS, read_steps, training_steps
+from treetune_tests.e2e.script import REPO_ROOT, run_script
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = REPO_ROOT / "treetune_tests" / "e2e" / "test_entropy_e2e.sh"
 WORKDIR = REPO_ROOT / "outputs" / "e2e-test-over-sample"
-
-
-def _script(env: dict[str, str], *args: str, timeout: int) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("E2E_") and k != "MODEL_PATH"}
-    return subprocess.run(
-        ["bash", str(SCRIPT), *args],
-        env={**base, "PYTHON": sys.executable, **env},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def test_over_sample_arguments(tiny_model_dir, tmp_path):
     env = {"E2E_PRINT_ARGS": "1", "E2E_DEVICE": "cpu", "MODEL_PATH": str(tiny_model_dir), "E2E_WORKDIR": str(tmp_path)}
-    plain = _script(env, timeout=300).stdout.splitlines()
-    over = _script({**env, "E2E_OVER_SAMPLE": "0.25"}, timeout=300).stdout.splitlines()
+    plain = run_script(env, timeout=300).stdout.splitlines()
+    over = run_script({**env, "E2E_OVER_SAMPLE": "0.25"}, timeout=300).stdout.splitlines()
     assert "algorithm.adv_estimator=grpo" in plain
     assert not any(
         a.startswith(("actor_rollout_ref.rollout.over_sample_rate", "actor_rollout_ref.model.external_lib"))
@@ -55,7 +39,7 @@ def test_over_sample_arguments(tiny_model_dir, tmp_path):
         "actor_rollout_ref.rollout.over_sample_rate=0.25",
         "actor_rollout_ref.model.external_lib=treetune_verl.ppo.actor_setup",
     } <= set(over)
-    refused = _script({**env, "E2E_OVER_SAMPLE": "0.25", "E2E_BLOCK": "0"}, timeout=60)
+    refused = run_script({**env, "E2E_OVER_SAMPLE": "0.25", "E2E_BLOCK": "0"}, timeout=60)
     assert refused.returncode == 2 and "needs the override block" in refused.stderr
 
 
@@ -64,7 +48,7 @@ def test_over_sample_arguments(tiny_model_dir, tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU variant; on a GPU run the script directly")
 def test_grpo_with_over_sampling_trains_every_step():
     env = {"E2E_MODEL": "tiny", "E2E_OVER_SAMPLE": "0.25", "E2E_STEPS": "2", "E2E_WORKDIR": str(WORKDIR)}
-    result = _script(env, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", timeout=1200)
+    result = run_script(env, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", timeout=1200)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     steps = training_steps(read_steps(WORKDIR / "metrics.jsonl"))
     assert [m["step"] for m in steps] == [1, 2]

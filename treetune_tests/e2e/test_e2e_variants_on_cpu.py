@@ -17,7 +17,6 @@ import math
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -38,19 +37,11 @@ from treetune_tests.e2e.check_metrics import (
     training_steps,
     val_core,
 )
+from treetune_tests.e2e.script import REPO_ROOT, run_script
 from treetune_verl.config import read_overrides
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = REPO_ROOT / "treetune_tests" / "e2e" / "test_entropy_e2e.sh"
 FULL = REPO_ROOT / "outputs" / "e2e-test-full"
 RESUME = REPO_ROOT / "outputs" / "e2e-test-resume"
-
-
-def _script(env: dict[str, str], *args: str, timeout: int) -> subprocess.CompletedProcess:
-    """The script with only the given E2E_* / MODEL_PATH settings (none inherited from this process)."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith("E2E_") and k != "MODEL_PATH"}
-    env = {**base, "PYTHON": sys.executable, **env}
-    return subprocess.run(["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def _compose(overrides: list[str]):
@@ -63,7 +54,7 @@ def _compose(overrides: list[str]):
 
 
 def _print_args(variant: str, workdir: Path, model: Path, **env: str) -> list[str]:
-    result = _script(
+    result = run_script(
         {
             "E2E_PRINT_ARGS": "1",
             "E2E_DEVICE": "cpu",
@@ -114,13 +105,17 @@ def test_base_variant_keeps_one_process_and_no_extras(tiny_model_dir, tmp_path):
 
 def test_resume_refuses_without_a_saved_run_or_in_place(tiny_model_dir, tmp_path):
     env = {"E2E_PRINT_ARGS": "1", "E2E_DEVICE": "cpu", "E2E_VARIANT": "resume", "MODEL_PATH": str(tiny_model_dir)}
-    missing = _script({**env, "E2E_WORKDIR": str(tmp_path / "a"), "E2E_RESUME_FROM": str(tmp_path / "b")}, timeout=60)
+    missing = run_script(
+        {**env, "E2E_WORKDIR": str(tmp_path / "a"), "E2E_RESUME_FROM": str(tmp_path / "b")}, timeout=60
+    )
     assert missing.returncode == 1 and "needs a saved run" in missing.stderr
     (tmp_path / "a" / "checkpoints").mkdir(parents=True)
     (tmp_path / "a" / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("1")
-    in_place = _script({**env, "E2E_WORKDIR": str(tmp_path / "a"), "E2E_RESUME_FROM": str(tmp_path / "a")}, timeout=60)
+    in_place = run_script(
+        {**env, "E2E_WORKDIR": str(tmp_path / "a"), "E2E_RESUME_FROM": str(tmp_path / "a")}, timeout=60
+    )
     assert in_place.returncode == 2 and "must be another run's workdir" in in_place.stderr
-    unknown = _script({**env, "E2E_VARIANT": "nope"}, timeout=60)
+    unknown = run_script({**env, "E2E_VARIANT": "nope"}, timeout=60)
     assert unknown.returncode == 2 and "E2E_VARIANT must be" in unknown.stderr
 
 
@@ -130,7 +125,7 @@ def _session_ids() -> set[int]:
 
 
 def _run_variant(variant: str, workdir: Path, **env: str) -> subprocess.CompletedProcess:
-    result = _script({"E2E_MODEL": "tiny", "E2E_VARIANT": variant, "E2E_WORKDIR": str(workdir), **env}, timeout=1200)
+    result = run_script({"E2E_MODEL": "tiny", "E2E_VARIANT": variant, "E2E_WORKDIR": str(workdir), **env}, timeout=1200)
     assert result.returncode == 0, (
         f"{variant} run failed (rc {result.returncode}); log: {workdir / 'train.log'}\n"
         f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
