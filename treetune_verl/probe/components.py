@@ -1,6 +1,6 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""``ProbeComponents``: microbatched accumulation of Σ_b X_b and Σ_b P(Y_b) into parameter-sized buffers.
+"""``ProbeComponents``: microbatched accumulation of Σ_b X_b and Σ_b Y_b into parameter-sized buffers.
 
 Buffers are ``dict[parameter name -> tensor]`` over the trainable parameters, in ``probe.buffers_dtype`` (fp32 by
 default) on ``probe.buffers_device`` (CPU by default, so they cost no accelerator memory). Each microbatch runs one
@@ -24,7 +24,6 @@ from omegaconf import DictConfig
 from treetune_verl.probe.batch import iter_microbatches, validate_probe_batch
 from treetune_verl.probe.config import DTYPES, resolve_config
 from treetune_verl.probe.estimators import ResidualBaseline, naive_x_loss, rb_residual_x_loss, y_loss
-from treetune_verl.probe.preconditioner import AdamPreconditioner
 from treetune_verl.probe.teacher_forcing import TeacherForced, teacher_force
 
 ParamBuffer = dict[str, torch.Tensor]
@@ -70,7 +69,7 @@ class ProbeComponents:
         model: HF-style causal LM (``nn.Module``, optionally DDP-wrapped) with at least one trainable parameter.
         config: probe config (full or partial, see ``config/probe.yaml``); reads ``generation`` (the sampling
             policy of the batches it will see), ``estimator`` and ``probe``.
-        optimizer: the optimizer whose step is probed; only read (for the Adam preconditioner in ``run_mixed_probe``).
+        optimizer: the optimizer whose step is probed; only read (its next step Δθ in ``run_mixed_probe``).
 
     Raises:
         ValueError: if the model has no trainable parameters, or for an invalid config value (naming the key).
@@ -92,6 +91,7 @@ class ProbeComponents:
         self.baseline_mode = str(cfg.estimator.baseline.mode)
         self.rb_normalize_by_length = bool(cfg.estimator.rb_normalize_by_length)
         self.weighting_mode = str(cfg.probe.weighting_mode)
+        self.preconditioner = str(cfg.probe.preconditioner)
         self.buffers_dtype = DTYPES[str(cfg.probe.buffers_dtype)]
         self.buffers_device = self.params[0].device if cfg.probe.buffers_device == "model" else torch.device("cpu")
         self.baseline = ResidualBaseline(float(cfg.estimator.baseline.ema_decay))
@@ -106,19 +106,12 @@ class ProbeComponents:
         device = device or self.buffers_device
         return {n: torch.zeros(p.shape, dtype=dtype, device=device) for n, p in self.named_params}
 
-    def add_into_param_buffer(
-        self,
-        buf: ParamBuffer,
-        scale: float = 1.0,
-        transform: Callable[[torch.Tensor, torch.nn.Parameter], torch.Tensor] | None = None,
-    ) -> None:
-        """``buf[name] += scale · transform(p.grad)`` for every parameter with a gradient (None grads skipped)."""
+    def add_into_param_buffer(self, buf: ParamBuffer, scale: float = 1.0) -> None:
+        """``buf[name] += scale · p.grad`` for every parameter with a gradient (None grads skipped)."""
         for name, p in self.named_params:
             if p.grad is None:
                 continue
             grad = p.grad.detach()
-            if transform is not None:
-                grad = transform(grad, p)
             buf[name].add_(grad.to(device=buf[name].device, dtype=buf[name].dtype), alpha=scale)
 
     @staticmethod
@@ -169,7 +162,6 @@ class ProbeComponents:
         mb_size_prompts: int,
         loss_fn: Callable[[dict[str, torch.Tensor]], torch.Tensor],
         with_entropy: bool,
-        transform: Callable[[torch.Tensor, torch.nn.Parameter], torch.Tensor] | None,
         name: str,
     ) -> ParamBuffer:
         buf = self.zeros_like_params()
@@ -177,7 +169,7 @@ class ProbeComponents:
             loss = loss_fn({"tf": tf, **mb})
             with self._no_sync():
                 loss.backward()
-            self.add_into_param_buffer(buf, transform=transform)
+            self.add_into_param_buffer(buf)
             for p in self.params:
                 p.grad = None
         return buf
@@ -199,7 +191,7 @@ class ProbeComponents:
             def loss_fn(mb: dict) -> torch.Tensor:
                 return naive_x_loss(mb["tf"], mb["max_lengths"], self.weighting_mode)
 
-            buf = self._accumulate(E_batch, mb_size_prompts, loss_fn, False, None, "E_batch")
+            buf = self._accumulate(E_batch, mb_size_prompts, loss_fn, False, "E_batch")
         else:
             mu = self.baseline.vector(R) if self.baseline_mode == "residual_mu" else None
             residual_sum = torch.zeros(R, dtype=torch.float64)
@@ -211,30 +203,23 @@ class ProbeComponents:
                 residual_count.add_(r_count)
                 return loss
 
-            buf = self._accumulate(E_batch, mb_size_prompts, loss_fn, True, None, "E_batch")
+            buf = self._accumulate(E_batch, mb_size_prompts, loss_fn, True, "E_batch")
             if self.baseline_mode == "residual_mu":
                 self.baseline.update(residual_sum, residual_count)
         self.last_timing = {"X_s": time.perf_counter() - start}
         return buf, B
 
-    def accumulate_sum_Y(
-        self,
-        U_batch: dict[str, torch.Tensor],
-        mb_size_prompts: int,
-        adam_preconditioner: AdamPreconditioner | None,
-    ) -> tuple[ParamBuffer, int]:
-        """Σ over U's prompts of P(Y_b), Y_b = ∇ mean_g (A/L_max)·S; returns ``(buffer, B_U)``.
+    def accumulate_sum_Y(self, U_batch: dict[str, torch.Tensor], mb_size_prompts: int) -> tuple[ParamBuffer, int]:
+        """Σ over U's prompts of Y_b = ∇ mean_g (A/L_max)·S (the Dr.GRPO objective's gradient); ``(buffer, B_U)``.
 
-        P is linear, so preconditioning each microbatch's gradient equals preconditioning the sum. ``None`` means
-        the identity.
+        The optimizer's step from the mean is taken by ``mixed_probe.estimate_mean_Y`` (``optimizer_step.py``).
         """
         B, _, _ = validate_probe_batch(U_batch, "U_batch")
         start = time.perf_counter()
-        transform = adam_preconditioner.apply if adam_preconditioner is not None else None
 
         def loss_fn(mb: dict) -> torch.Tensor:
             return y_loss(mb["tf"], mb["advantages"], mb["max_lengths"])
 
-        buf = self._accumulate(U_batch, mb_size_prompts, loss_fn, False, transform, "U_batch")
+        buf = self._accumulate(U_batch, mb_size_prompts, loss_fn, False, "U_batch")
         self.last_timing = {"Y_s": time.perf_counter() - start}
         return buf, B

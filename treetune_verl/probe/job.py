@@ -8,7 +8,7 @@ of Cui et al. on U. With a fixed U the spread of ΔH₁ over repeats is the spre
 Prints a table and writes ``<run.output_dir>/probe_results.json``.
 
 This module only wires the pieces together: ``model_loading`` → ``optimizers`` (build, state warm-up) →
-``task_sampler`` (batches) → ``mixed_probe`` (P Ȳ once per U, then ``run_mixed_probe`` per E and estimator, with the
+``task_sampler`` (batches) → ``mixed_probe`` (Δθ/lr once per U, then ``run_mixed_probe`` per E and estimator, with the
 ground truth of ``ground_truth.py`` measured once per U) → ``covariance`` → ``report``.
 """
 
@@ -82,7 +82,7 @@ def run_probe_job(config: DictConfig | dict | None) -> dict[str, Any]:
     U_batches = [timed_sample(B_U) for _ in range(n_U)]
     E_batches = [timed_sample(B_E) for _ in range(repeats)]
 
-    # P Ȳ once per U batch, shared by every E batch and estimator probed against it.
+    # Δθ/lr once per U batch, shared by every E batch and estimator probed against it.
     mean_Ys = []
     for U, _ in U_batches:
         bar.set_postfix_str("Y")

@@ -1,19 +1,21 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""``run_mixed_probe``: ΔH₁ = lr · ⟨X̄, P Ȳ⟩ from an evaluation batch E and an update batch U, and its pieces.
+"""``run_mixed_probe``: ΔH₁ = ⟨X̄, Δθ⟩ from an evaluation batch E and an update batch U, and its pieces.
 
     X̄ = (1/B_E) Σ_{b∈E} X_b   estimates ∇ mean_b H_seq(x_b)/L_max(x_b)  (nats per L_max token; per sequence for
                                rb_residual with rb_normalize_by_length=false)
     Ȳ = (1/B_U) Σ_{b∈U} Y_b   = ∇J, J = mean_b mean_g (A/L_max)·S  (the step minimises -J)
-    P                         Adam preconditioner from the optimizer state (identity without one)
+    Δθ                        the optimizer's own next step from the gradient -Ȳ at its current state
+                              (``optimizer_step.py``: any torch optimizer, exact); ``probe.preconditioner=identity``
+                              or no optimizer: lr·Ȳ
 
-For SGD, θ′ - θ = lr·Ȳ; for Adam with β1 = 0, θ′ - θ = lr·P(Ȳ) up to the second-moment update (see
-``preconditioner.py``), so ΔH₁ is the first-order change of the target entropy; ΔH₁ > 0 means the step raises it.
-X̄ and Ȳ come from independent batches, so ⟨X̄, PȲ⟩ is unbiased for ⟨∇H, P ∇J_U⟩ given U.
+ΔH₁ is the first-order change of the target entropy; ΔH₁ > 0 means the step raises it. X̄ and Ȳ come from
+independent batches and Δθ is a function of Ȳ alone, so ⟨X̄, Δθ⟩ is unbiased for ⟨∇H, Δθ⟩ given U. The code keeps
+Δθ / lr and multiplies by lr (so ``bars_dot`` = ⟨X̄, Δθ/lr⟩ stays comparable across learning rates).
 
 Pieces (``run_mixed_probe`` is built from them; the main job reuses one ``estimate_mean_Y`` per U batch across E
 batches and estimators, and one ground-truth step across E batches, through ``run_mixed_probe``'s keyword extras):
-``estimate_mean_X`` → X̄, ``estimate_mean_Y`` → P Ȳ, ``predict_deltaH1`` → ⟨X̄, P Ȳ⟩ and ΔH₁.
+``estimate_mean_X`` → X̄, ``estimate_mean_Y`` → Δθ/lr, ``predict_deltaH1`` → ⟨X̄, Δθ/lr⟩ and ΔH₁.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from omegaconf import DictConfig
 from treetune_verl.probe.components import ParamBuffer, ProbeComponents, is_multiprocess_ddp
 from treetune_verl.probe.config import resolve_config
 from treetune_verl.probe.ground_truth import true_entropy_change, truth_of_batch
-from treetune_verl.probe.preconditioner import AdamPreconditioner
+from treetune_verl.probe.optimizer_step import optimizer_step, params_without_state
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +41,10 @@ def resolve_lr(config: DictConfig, optimizer: torch.optim.Optimizer | None) -> f
     """The step's learning rate: the optimizer's (one value across groups), else ``optimizer.lr``."""
     if optimizer is None:
         return float(config.optimizer.lr)
+    return _single_lr(optimizer)
+
+
+def _single_lr(optimizer: torch.optim.Optimizer) -> float:
     lrs = {float(group["lr"]) for group in optimizer.param_groups}
     if len(lrs) != 1:
         raise ValueError(f"run_mixed_probe needs one learning rate across param groups, got {sorted(lrs)}")
@@ -70,14 +76,16 @@ def buffer_norm(buf: ParamBuffer) -> float:
 
 @dataclass(frozen=True)
 class MeanY:
-    """P Ȳ for one U batch, reusable across E batches and estimators.
+    """The step direction of one U batch per unit of learning rate, Δθ / lr, reusable across E batches and estimators.
 
     Attributes:
-        buffer: P Ȳ keyed by parameter name, each tensor shaped like its parameter (``probe.buffers_dtype`` on
-            ``probe.buffers_device``); units of ∇J.
+        buffer: Δθ / lr keyed by parameter name, each tensor shaped like its parameter (``probe.buffers_dtype`` on
+            ``probe.buffers_device``): with ``probe.preconditioner=optimizer`` Δθ is the optimizer's own next step
+            from the gradient −Ȳ (``optimizer_step.py``), with ``identity`` (or no optimizer) Δθ = lr·Ȳ.
         B_U: prompts in U (summed over DDP ranks).
-        preconditioner: ``AdamPreconditioner.describe()`` of the P applied.
-        seconds: time of the Y passes.
+        preconditioner: ``{"preconditioner": "optimizer" | "identity", "optimizer": class name or None,
+            "params_without_state": int, "params": int, "step_norm": ‖Δθ‖}``.
+        seconds: time of the Y passes (and of the optimizer's dry-run step).
     """
 
     buffer: ParamBuffer
@@ -87,7 +95,7 @@ class MeanY:
 
     @functools.cached_property
     def norm(self) -> float:
-        """‖P Ȳ‖, computed once on first use (a pass over every parameter)."""
+        """‖Δθ / lr‖, computed once on first use (a pass over every parameter)."""
         return buffer_norm(self.buffer)
 
 
@@ -110,17 +118,37 @@ def estimate_mean_Y(
     mb_size_prompts: int,
     optimizer: torch.optim.Optimizer | None,
 ) -> MeanY:
-    """P Ȳ over U's prompts, P read from ``optimizer``'s state now (identity for non-Adam or ``None``), all ranks."""
-    preconditioner = AdamPreconditioner(optimizer, components.params)
-    sum_Y, B_U = components.accumulate_sum_Y(U_batch, mb_size_prompts, preconditioner)
-    seconds = components.last_timing["Y_s"]
+    """Δθ / lr for U's prompts, all ranks: Ȳ, then the optimizer's own next step from −Ȳ at its state now.
+
+    ``probe.preconditioner=identity`` or no optimizer: Δθ / lr = Ȳ (plain SGD).
+    """
+    start = time.perf_counter()
+    sum_Y, B_U = components.accumulate_sum_Y(U_batch, mb_size_prompts)
     B_U = _all_reduce_if_distributed(components.model, sum_Y, B_U)
     mean_Y = components.scale_buffer(sum_Y, 1.0 / max(B_U, 1))
-    return MeanY(mean_Y, B_U, preconditioner.describe(), seconds)
+    params = len(components.params)
+    description: dict[str, object] = {"preconditioner": "identity", "optimizer": None, "params_without_state": params}
+    if optimizer is not None and components.preconditioner == "optimizer":
+        lr = _single_lr(optimizer)
+        description = {
+            "preconditioner": "optimizer",
+            "optimizer": type(optimizer).__name__,
+            "params_without_state": params_without_state(optimizer, components.params),
+        }
+        negative = components.scale_buffer(mean_Y, -1.0)  # the loss is -J: its gradient is -Ȳ
+        step = optimizer_step(
+            optimizer, components.named_params, negative, components.buffers_dtype, components.buffers_device
+        )
+        description["step_norm"] = buffer_norm(step)
+        mean_Y = components.scale_buffer(step, 1.0 / lr)
+    else:
+        description["step_norm"] = _single_lr(optimizer) * buffer_norm(mean_Y) if optimizer is not None else None
+    description["params"] = params
+    return MeanY(mean_Y, B_U, description, time.perf_counter() - start)
 
 
 def predict_deltaH1(mean_X: ParamBuffer, mean_Y: MeanY, lr: float) -> tuple[float, float]:
-    """``(bars_dot, deltaH1)``: ⟨X̄, P Ȳ⟩ (fp64) and ΔH₁ = lr · ⟨X̄, P Ȳ⟩ in X̄'s target units (nats)."""
+    """``(bars_dot, deltaH1)``: ⟨X̄, Δθ/lr⟩ (fp64) and ΔH₁ = lr · ⟨X̄, Δθ/lr⟩ = ⟨X̄, Δθ⟩ in X̄'s target units (nats)."""
     bars_dot = ProbeComponents.dot_param_buffers(mean_X, mean_Y.buffer)
     return bars_dot, lr * bars_dot
 
@@ -145,8 +173,9 @@ def run_mixed_probe(
         config: probe config (full or partial; ``config/probe.yaml``). ``generation.temperature``/``top_p`` must be
             the policy E and U were sampled with: teacher forcing rebuilds exactly that policy, and a mismatch is
             only detected when a sampled token falls outside the nucleus.
-        optimizer: the optimizer whose next step is probed (Adam/AdamW state → P; anything else → identity). With
-            ``ground_truth.enable`` its step is taken and undone; without one, SGD(``optimizer.lr``) is used.
+        optimizer: the optimizer whose next step is probed: Δθ is its own step from −Ȳ at its current state (any
+            ``torch.optim`` optimizer; ``probe.preconditioner=identity``: lr·Ȳ). With ``ground_truth.enable`` its
+            step is taken and undone; without one, SGD(``optimizer.lr``) is used.
         components: reuse a ``ProbeComponents`` across calls (keeps the ``residual_mu`` baseline warm).
         mean_Y: ``estimate_mean_Y`` of ``U_batch`` already taken (same optimizer state): the Y passes are skipped.
         ground_truth: ``ground_truth.truth_of_batch`` of U's step measured on ``E_batch``: used instead of taking
@@ -154,8 +183,9 @@ def run_mixed_probe(
         log_level: level of the one-line summary (the main job logs it at DEBUG, beside its table).
 
     Returns:
-        dict: ``bars_dot``, ``deltaH1``, ``B_E``, ``B_U``, ``lr``, estimator settings, ``preconditioner``,
-        ``params_without_state``, ``norm_X``/``norm_Y`` (of X̄ and P Ȳ), ``target_units``, ``timing`` (seconds per
+        dict: ``bars_dot``, ``deltaH1``, ``B_E``, ``B_U``, ``lr``, estimator settings, ``preconditioner``
+        (``optimizer`` | ``identity``), ``optimizer`` (class name), ``params_without_state``, ``step_norm`` (‖Δθ‖),
+        ``norm_X``/``norm_Y`` (of X̄ and Δθ/lr), ``target_units``, ``timing`` (seconds per
         phase this call ran) and, with ground truth, ``deltaH_true`` (in ``target_units``), ``H_before``,
         ``H_after``, ``min_ess``.
     """

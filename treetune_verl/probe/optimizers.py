@@ -3,10 +3,11 @@
 """The optimizer whose next step the main job probes: ``build_optimizer`` and the Adam state warm-up.
 
 On the probe's path this comes right after the model is loaded and before any batch is scored: the optimizer's lr is
-the lr of ΔH₁, its Adam/AdamW state is the preconditioner P, and its real step is the ground truth. A fresh Adam has
-no second moments, so P would be the identity; ``warm_up_optimizer_state`` first populates them with real steps on
-batches of their own, each undone on the weights (``ground_truth.temporary_step``), so the probed step starts from
-the same θ with a state that has seen ``optimizer.state_warmup_batches`` gradients.
+the lr of ΔH₁, its next step from −Ȳ at its current state is Δθ (``optimizer_step.py``), and its real step is the
+ground truth. A fresh Adam's first step differs from later ones (no second moments yet: lr·g/(|g| + eps)); to probe
+a state like a training run's, ``warm_up_optimizer_state`` first populates it with real steps on batches of their
+own, each undone on the weights (``ground_truth.temporary_step``), so the probed step starts from the same θ with a
+state that has seen ``optimizer.state_warmup_batches`` gradients.
 """
 
 from __future__ import annotations

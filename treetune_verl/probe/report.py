@@ -38,7 +38,7 @@ def estimator_entries(probes: dict[str, list[dict[str, Any]]]) -> dict[str, dict
 
 
 def per_repeat_rows(probes: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Per repeat, per estimator: ``bars_dot`` (⟨X̄, P Ȳ⟩), ``deltaH1`` (nats) and ``norm_X`` (‖X̄‖)."""
+    """Per repeat, per estimator: ``bars_dot`` (⟨X̄, Δθ/lr⟩), ``deltaH1`` (nats) and ``norm_X`` (‖X̄‖)."""
     rows: list[dict[str, Any]] = [{"repeat": r} for r in range(len(next(iter(probes.values()))))]
     for name, results in probes.items():
         for row, result in zip(rows, results, strict=True):

@@ -214,7 +214,7 @@ def memory_child(args: argparse.Namespace) -> dict:
     thread.start()
     start = time.perf_counter()
     comps.accumulate_sum_X(E, args.mb)
-    comps.accumulate_sum_Y(U, args.mb, None)
+    comps.accumulate_sum_Y(U, args.mb)
     elapsed = time.perf_counter() - start
     done.set()
     thread.join()

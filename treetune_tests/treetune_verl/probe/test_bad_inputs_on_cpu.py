@@ -65,7 +65,7 @@ def test_mismatched_batch_shapes_are_rejected(mutate, message):
     batch = sample_batch(model, PROMPTS, 4, 3, torch.Generator().manual_seed(0))
     mutate(batch)
     with pytest.raises(ValueError, match=message):
-        ProbeComponents(model, {}).accumulate_sum_Y(batch, 2, None)
+        ProbeComponents(model, {}).accumulate_sum_Y(batch, 2)
 
 
 def test_make_probe_batch_rejects_ragged_and_mismatched_input():

@@ -67,7 +67,7 @@ def test_main_job_runs_end_to_end_with_overrides(model_fixture, request, tmp_pat
     results = json.loads((out_dir / "probe_results.json").read_text())
     assert results["config"]["batch"] == {"B_E": 3, "B_U": 2, "G": 3}
     assert results["config"]["probe"]["mb_size_prompts"] == 1
-    assert results["preconditioner"] == "adam" and results["params_without_state"] == 0
+    assert results["preconditioner"] == "optimizer" and results["params_without_state"] == 0
     assert len(results["per_repeat"]) == 2
     for name in ("naive", "rb_residual"):
         entry = results["estimators"][name]

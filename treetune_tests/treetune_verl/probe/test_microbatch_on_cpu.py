@@ -13,7 +13,7 @@ import torch
 from treetune_tests.treetune_verl.probe.tiny import PROMPTS, sample_batch, tiny_llama
 from treetune_verl.probe.advantages import group_advantages
 from treetune_verl.probe.components import ProbeComponents
-from treetune_verl.probe.preconditioner import AdamPreconditioner
+from treetune_verl.probe.mixed_probe import estimate_mean_Y
 
 EOS = 4
 PROMPTS4 = [*PROMPTS, [3, 3, 1, 0, 2]]
@@ -87,9 +87,9 @@ def test_y_buffers_do_not_depend_on_the_microbatch_size():
     buffers = []
     for mb in MB_SIZES:
         comps = ProbeComponents(model, _policy(), optimizer)
-        buf, n_prompts = comps.accumulate_sum_Y(U, mb, AdamPreconditioner(optimizer, comps.params))
-        assert n_prompts == len(PROMPTS4)
-        buffers.append(buf)
+        mean_Y = estimate_mean_Y(comps, U, mb, optimizer)  # Ȳ over microbatches, then Adam's step from it
+        assert len(PROMPTS4) == mean_Y.B_U
+        buffers.append(mean_Y.buffer)
     for buf in buffers[1:]:
         _assert_buffers_close(buffers[0], buf)
     assert sum(float(t.abs().sum()) for t in buffers[0].values()) > 0

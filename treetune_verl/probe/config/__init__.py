@@ -30,6 +30,7 @@ _CHOICES = {
     "probe.buffers_dtype": tuple(DTYPES),
     "probe.buffers_device": ("cpu", "model"),
     "probe.weighting_mode": ("dr_grpo", "per_token_avg"),
+    "probe.preconditioner": ("optimizer", "identity"),
     "optimizer.name": ("sgd", "adam", "adamw"),
 }
 _POSITIVE_INTS = (
