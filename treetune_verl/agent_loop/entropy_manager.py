@@ -116,19 +116,17 @@ class EntropyAgentLoopManager(AgentLoopManager):
             if step is not None:
                 prompts.meta_info.pop(OVER_SAMPLE_META_KEY, None)
                 await self._completion_counter.end.remote(step)
-        if not validate:
-            output.meta_info.setdefault(PENDING_METRICS_KEY, {})["rollout/wall_time_s"] = time.perf_counter() - start
-            if self._steering.active:  # read by the compute_advantage hook (trainer_hooks.py)
-                output.meta_info[STEERING_META_KEY] = dataclasses.asdict(self._steering)
         if validate:
             keys = [ROLLOUT_ENTROPY_KEY, "response_mask", HAS_ROLLOUT_ENTROPY_KEY]
             self._validation_rollouts.append(output.select(batch_keys=keys, non_tensor_batch_keys=[]))
+        else:
+            output.meta_info.setdefault(PENDING_METRICS_KEY, {})["rollout/wall_time_s"] = time.perf_counter() - start
+            if self._steering.active:  # read by the compute_advantage hook (trainer_hooks.py)
+                output.meta_info[STEERING_META_KEY] = dataclasses.asdict(self._steering)
         return output
 
     async def _begin_over_sample(self, prompts: DataProto) -> str:
         """Start a step at the counter and put its plan into ``prompts.meta_info`` for the workers; its key."""
-        if self._completion_counter is None:  # the rate was raised after start-up
-            self._completion_counter = CompletionCounter.remote()
         step, target = uuid4().hex, completion_target(self._over_sample_rate, len(prompts))
         await self._completion_counter.begin.remote(step, target)
         prompts.meta_info[OVER_SAMPLE_META_KEY] = {"counter": self._completion_counter, "step": step, "target": target}

@@ -6,6 +6,8 @@ Entropy*AgentLoop  -> AgentLoopOutput.extra_fields[RESPONSE_ENTROPY_KEY]  list[f
 EntropyAgentLoopWorker -> DataProto.batch[ROLLOUT_ENTROPY_KEY]            float32 [batch, response_length]
 """
 
+from treetune_verl.ppo.loss_aggregation import ABORTED_KEY
+
 RESPONSE_ENTROPY_KEY = "response_entropy"  # AgentLoopOutput.extra_fields, loop -> worker (popped by the worker)
 ROLLOUT_ENTROPY_KEY = "rollout_entropy"  # DataProto.batch, float32 [batch, response_length], nats
 # DataProto.batch, bool [batch]: False for rows whose loop carries no entropy (a stock verl loop). Their
@@ -13,4 +15,5 @@ ROLLOUT_ENTROPY_KEY = "rollout_entropy"  # DataProto.batch, float32 [batch, resp
 HAS_ROLLOUT_ENTROPY_KEY = "has_rollout_entropy"
 # DataProto.batch, bool [batch]: True for rows cut by over-sampling with abort (rollout.over_sample_rate > 0). Such a
 # row carries nothing into training: its response is empty (attention and response_mask 0) and its reward is 0.
-ROLLOUT_ABORTED_KEY = "rollout_aborted"
+# The actor's loss patch (treetune_verl.ppo.loss_aggregation) reads the same key: one name, defined there.
+ROLLOUT_ABORTED_KEY = ABORTED_KEY

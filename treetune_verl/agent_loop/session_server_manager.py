@@ -19,7 +19,7 @@ from verl.utils.rollout_trace import rollout_trace_op
 
 from treetune_verl.agent_loop.over_sample import CURRENT_TRAJECTORY
 from treetune_verl.rollout.session import turn_request_id
-from treetune_verl.rollout.token_output import ABORTED_STOP_REASON, EntropyTokenOutput
+from treetune_verl.rollout.token_output import ABORTED_STOP_REASON, empty_token_output
 
 
 class SessionServerManager(AsyncLLMServerManager):
@@ -46,8 +46,7 @@ class SessionServerManager(AsyncLLMServerManager):
         """
         trajectory = CURRENT_TRAJECTORY.get()
         if trajectory is not None and trajectory.step is not None and trajectory.step.target_reached:
-            empty = [] if sampling_params.get("logprobs", False) else None
-            return EntropyTokenOutput(token_ids=[], log_probs=empty, entropy=empty, stop_reason=ABORTED_STOP_REASON)
+            return empty_token_output(bool(sampling_params.get("logprobs", False)), ABORTED_STOP_REASON)
         turn_id = turn_request_id(trajectory.session) if trajectory is not None else uuid4().hex
         server_id, server = await self._acquire_server(request_id)
         try:

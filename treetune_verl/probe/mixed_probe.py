@@ -84,7 +84,7 @@ class MeanY:
             from the gradient −Ȳ (``optimizer_step.py``), with ``identity`` (or no optimizer) Δθ = lr·Ȳ.
         B_U: prompts in U (summed over DDP ranks).
         preconditioner: ``{"preconditioner": "optimizer" | "identity", "optimizer": class name or None,
-            "params_without_state": int, "params": int, "step_norm": ‖Δθ‖}``.
+            "params_without_state": int, "params": int}``.
         seconds: time of the Y passes (and of the optimizer's dry-run step).
     """
 
@@ -139,10 +139,7 @@ def estimate_mean_Y(
         step = optimizer_step(
             optimizer, components.named_params, negative, components.buffers_dtype, components.buffers_device
         )
-        description["step_norm"] = buffer_norm(step)
         mean_Y = components.scale_buffer(step, 1.0 / lr)
-    else:
-        description["step_norm"] = _single_lr(optimizer) * buffer_norm(mean_Y) if optimizer is not None else None
     description["params"] = params
     return MeanY(mean_Y, B_U, description, time.perf_counter() - start)
 
@@ -216,6 +213,7 @@ def run_mixed_probe(
         "target_units": target_units(comps),
         "norm_X": buffer_norm(mean_X),
         "norm_Y": mean_Y.norm,
+        "step_norm": lr * mean_Y.norm,  # ‖Δθ‖
         **mean_Y.preconditioner,
     }
     if ground_truth is None and cfg.ground_truth.enable:

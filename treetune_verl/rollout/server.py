@@ -27,7 +27,7 @@ from verl.workers.rollout.replica import get_rollout_replica_class
 
 from treetune_verl.rollout.rollout_config import check_rollout_config
 from treetune_verl.rollout.session import session_of
-from treetune_verl.rollout.token_output import ABORTED_STOP_REASON, EntropyTokenOutput
+from treetune_verl.rollout.token_output import ABORTED_STOP_REASON, EntropyTokenOutput, empty_token_output
 from treetune_verl.sglang.engine import install
 from treetune_verl.sglang.tokenizer_patches import META_INFO_ENTROPY_KEY
 
@@ -170,15 +170,8 @@ class EntropySGLangHttpServer(SGLangHttpServer):
         return EntropyTokenOutput(**dict(output), entropy=entropy)
 
     def _no_token_output(self, return_logprob: bool, stop_reason: str | None) -> EntropyTokenOutput:
-        """The output of a request that produced no token (empty lists where logprobs were requested)."""
-        empty = [] if return_logprob else None
-        return EntropyTokenOutput(
-            token_ids=[],
-            log_probs=empty,
-            entropy=empty,
-            stop_reason=stop_reason,
-            extra_fields={"global_steps": self.global_steps},
-        )
+        """The output of a request that produced no token, with the server's ``extra_fields`` as verl sets them."""
+        return empty_token_output(return_logprob, stop_reason, {"global_steps": self.global_steps})
 
     async def abort_sessions(self, sessions: list[str]) -> None:
         """Abort every request of these trajectories (session prefixes) in sglang; their later turns return at once.

@@ -22,3 +22,13 @@ class EntropyTokenOutput(TokenOutput):
     """
 
     entropy: list[float] | None = None
+
+
+def empty_token_output(
+    return_logprob: bool, stop_reason: str | None, extra_fields: dict | None = None
+) -> EntropyTokenOutput:
+    """The output of a request that produced no token: empty lists where logprobs were requested, else ``None``."""
+    empty = [] if return_logprob else None
+    return EntropyTokenOutput(
+        token_ids=[], log_probs=empty, entropy=empty, stop_reason=stop_reason, extra_fields=extra_fields or {}
+    )
