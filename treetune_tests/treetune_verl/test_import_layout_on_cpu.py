@@ -25,7 +25,15 @@ PACKAGE_DIR = Path(treetune_verl.__file__).resolve().parent
 ROOT = "treetune_verl"
 
 # Sub-packages in path order: a module may import its own layer and the layers before it, never a later one.
-LAYERS = ["treetune_verl.sglang", "treetune_verl.rollout", "treetune_verl.ppo", "treetune_verl.agent_loop"]
+LAYERS = [
+    "treetune_verl.sglang",
+    "treetune_verl.rollout",
+    "treetune_verl.ppo",
+    "treetune_verl.agent_loop",
+    "treetune_verl.managed",  # chat-style agent sessions over the engine or verl's agent loops
+    "treetune_verl.generation",  # dataset-scale generation job (in-process Engine or verl's agent-loop manager)
+    "treetune_verl.analysis",  # reads what generation (or `make run`) wrote
+]
 # Stand-alone sub-packages: import nothing of the layers above (and the layers never import them).
 STANDALONE = ["treetune_verl.probe"]
 # Shared leaves anyone may import; they import nothing of ours.
