@@ -19,7 +19,7 @@ export PIP_CACHE_DIR      ?= $(CURDIR)/.cache/pip
 export HF_HUB_OFFLINE     := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup run probe test test-fast e2e lint bench bench-probe
+.PHONY: setup run generate analyze probe test test-fast e2e lint bench bench-probe
 
 setup: $(STAMP)
 
@@ -31,6 +31,16 @@ $(STAMP): tools/cpu_env/setup.sh tools/cpu_env/constraints.txt tools/cpu_env/req
 ## writes outputs/generate/{responses.jsonl,entropy.html}. Pass options with ARGS="--top-k 20 ...".
 run: setup
 	$(PY) -m treetune_verl.sglang.generate $(ARGS)
+
+## Dataset-scale generation with per-token entropy (built-in arithmetic word problems by default), resumable: a rerun
+## with the same output.dir continues. Hydra overrides via ARGS, e.g. ARGS="input.path=data.parquet sampling.n=4".
+generate: setup
+	$(PY) -m treetune_verl.generation $(ARGS)
+
+## Stats, plots and report.html of a generation output (or make run's JSONL): ANALYZE_DIR=outputs/generation.
+ANALYZE_DIR ?= outputs/generation
+analyze: setup
+	$(PY) -m treetune_verl.analysis $(ANALYZE_DIR) $(ARGS)
 
 ## Entropy probe main job (SmolLM2 on CPU, built-in arithmetic prompts). Hydra overrides via ARGS.
 probe: setup

@@ -44,6 +44,14 @@ printf '%s\n%s\n' "$ROOT/tools/cpu_shims" \
     'import os; os.environ.get("TREETUNE_VERL_CPU_PATCHES") == "1" and __import__("verl_cpu.hook").hook.install()' \
     > "$site/treetune_verl_cpu.pth"
 
+# Headless Chromium for the analysis report's browser test (treetune_tests/treetune_verl/analysis; it skips without
+# one). Debian's package, ~20 s; only as root on a machine with apt-get and none installed; never fatal.
+if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    echo "[setup] chromium (headless browser test of the analysis report)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium \
+        >/dev/null; } || echo "[setup] chromium not installed; the browser test will skip"
+fi
+
 "$PY" - <<'PY'
 import torch, sglang, verl
 assert "+cpu" in torch.__version__, f"expected the CPU torch wheel, got {torch.__version__}"

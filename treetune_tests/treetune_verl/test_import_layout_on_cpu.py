@@ -189,7 +189,13 @@ def test_imports_inside_functions_are_read(tmp_path):
 
 # The sglang side and the agent loops must not pull sglang's heavy import into processes that do not need it: every
 # agent-loop worker process unpickles our classes (Ray pickles by module).
-NO_SGLANG_IMPORT = ["treetune_verl.agent_loop", "treetune_verl.rollout.token_output", "treetune_verl.probe"]
+NO_SGLANG_IMPORT = [
+    "treetune_verl.agent_loop",
+    "treetune_verl.rollout.token_output",
+    "treetune_verl.probe",
+    "treetune_verl.managed",
+    "treetune_verl.analysis",
+]
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))

@@ -142,18 +142,32 @@ class ProbeComponents:
         return self.model.no_sync() if is_ddp(self.model) else contextlib.nullcontext()
 
     def teacher_forced_microbatches(
-        self, batch: dict[str, torch.Tensor], mb_size_prompts: int, with_entropy: bool, name: str = "batch"
+        self,
+        batch: dict[str, torch.Tensor],
+        mb_size_prompts: int,
+        with_entropy: bool,
+        name: str = "batch",
+        allow_zero_probability: bool = False,
     ) -> Iterator[tuple[dict[str, torch.Tensor], TeacherForced]]:
         """Validate ``batch``, then yield ``(microbatch, teacher-forced results)`` along the prompt dimension.
 
         Runs inside :func:`probe_pass_context` (eval mode, ``.grad`` stashed and restored) with autocast following
         the model's dtype; the caller may ``backward()`` through each result before taking the next one.
+        ``allow_zero_probability``: see :func:`teacher_force`.
         """
         _, _, response_col = validate_probe_batch(batch, name)
         with probe_pass_context(self.model, self.params):
             for mb in iter_microbatches(batch, mb_size_prompts):
                 with self.autocast():
-                    tf = teacher_force(self.model, mb, response_col, self.temperature, self.top_p, with_entropy)
+                    tf = teacher_force(
+                        self.model,
+                        mb,
+                        response_col,
+                        self.temperature,
+                        self.top_p,
+                        with_entropy,
+                        allow_zero_probability,
+                    )
                 yield mb, tf
 
     def _accumulate(

@@ -59,6 +59,7 @@ def teacher_force(
     temperature: float,
     top_p: float,
     with_entropy: bool,
+    allow_zero_probability: bool = False,
 ) -> TeacherForced:
     """One forward pass over all ``b·G`` rows of a microbatch (grad enabled unless the caller disables it).
 
@@ -68,10 +69,12 @@ def teacher_force(
         response_col: the common response column P.
         temperature, top_p: the sampling policy (``policy.py``).
         with_entropy: also return the per-position entropies H_j (differentiable).
+        allow_zero_probability: give a response token outside the top-p nucleus log-probability -inf instead of
+            raising (the ground truth after a step, where a sampled token may have left the nucleus of θ′).
 
     Raises:
-        ValueError: if a response token lies outside the top-p nucleus (probability 0 under the policy), which means
-            the responses were not sampled with this temperature/top_p.
+        ValueError: unless ``allow_zero_probability``, if a response token lies outside the top-p nucleus
+            (probability 0 under the policy), which means the responses were not sampled with this temperature/top_p.
     """
     device = next(model.parameters()).device
     seq = mb["sequences"].to(device, non_blocking=True)
@@ -90,7 +93,7 @@ def teacher_force(
     targets = flat_seq[:, response_col:]  # [N, R]
     resp_mask = flat_mask[:, response_col:].bool()  # [N, R]
     token_lp = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [N, R]
-    if torch.isneginf(token_lp[resp_mask]).any():
+    if not allow_zero_probability and torch.isneginf(token_lp[resp_mask]).any():
         raise ValueError(
             "a response token has probability 0 under the policy (outside the top-p nucleus): the responses were "
             f"not sampled with temperature={temperature}, top_p={top_p}, or the logits differ from sampling time"

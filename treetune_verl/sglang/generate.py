@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import time
+import warnings
 from pathlib import Path
 
 from treetune_verl.sglang.config import ENTROPY_MODES
@@ -29,6 +32,35 @@ BUILTIN_PROMPTS = [
     "Name a programming language and say one thing it is good at.",
     "Tell me a fun fact about octopuses.",
 ]
+
+
+# Notices sglang 0.5.6.post2 prints on every CPU start, in the parent and again in each spawned process, that say
+# nothing about the run: (message prefix, the exact module that warns). Each is matched by both, so any other
+# warning, and every error, still shows.
+_KNOWN_NOTICES = (
+    ("Only CUDA", "sglang.srt.layers.quantization.awq"),  # quantization methods we do not use (AWQ, GGUF)
+    ("Only CUDA", "sglang.srt.layers.quantization.gguf"),
+    ("Triton is not supported on current platform", "sglang.srt.layers.attention.fla.utils"),
+)
+# Logged by sglang's server_args at WARNING although CPU_ENGINE_KWARGS asks for exactly this.
+_EXPECTED_LOG = ("sglang.srt.server_args", "Cuda graph is disabled because of using torch native attention backend")
+
+
+def _drop_expected_log(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith(_EXPECTED_LOG[1])
+
+
+def quiet_known_notices() -> None:
+    """Filter the known start-up notices at their source (this process and, through ``PYTHONWARNINGS``, sglang's
+    spawned scheduler and detokenizer), before sglang is imported. Idempotent."""
+    options = [f"ignore:{message}:UserWarning:{module}" for message, module in _KNOWN_NOTICES]
+    for message, module in _KNOWN_NOTICES:
+        warnings.filterwarnings("ignore", message=message, category=UserWarning, module=module.replace(".", r"\."))
+    present = [o for o in os.environ.get("PYTHONWARNINGS", "").split(",") if o]
+    os.environ["PYTHONWARNINGS"] = ",".join(present + [o for o in options if o not in present])
+    logger = logging.getLogger(_EXPECTED_LOG[0])
+    if _drop_expected_log not in logger.filters:
+        logger.addFilter(_drop_expected_log)
 
 
 def load_prompts(path: str | None) -> list[str]:
@@ -64,6 +96,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
+    quiet_known_notices()
     import sglang
     from transformers import AutoTokenizer
 

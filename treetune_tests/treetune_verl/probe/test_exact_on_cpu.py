@@ -21,6 +21,7 @@ from treetune_tests.treetune_verl.probe.tiny import (
     exact_target_and_grad,
     flat_buffer,
     flat_params,
+    optimizer_in_state,
     sample_batch,
     tiny_llama,
     token_count_reward_batch,
@@ -170,64 +171,13 @@ def _independent_step(model, optimizer, U) -> torch.nn.Module:
     return stepped
 
 
-def _populated_adam(model, gen) -> torch.optim.Adam:
-    """Adam(β1 = 0) whose second moments come from the gradients of 4 other U batches, at a saturated step count."""
-    params = list(model.parameters())
-    optimizer = torch.optim.Adam(params, lr=2e-4, betas=(0.0, 0.999))
-    comps = ProbeComponents(model, _policy_cfg(1.0, 1.0))
-    sq = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
-    for _ in range(4):
-        buf, B = comps.accumulate_sum_Y(token_count_reward_batch(model, PROMPTS, 8, T, gen), 3)
-        for n in sq:
-            sq[n] += (buf[n] / B) ** 2 / 4
-    for n, p in model.named_parameters():
-        step = 10000.0
-        optimizer.state[p] = {
-            "step": torch.tensor(step),
-            "exp_avg": torch.zeros_like(p),
-            "exp_avg_sq": sq[n] * (1 - 0.999**step),
-        }
-    return optimizer
-
-
-def _optimizer(name: str, model, gen) -> torch.optim.Optimizer:
-    """The optimizer families of the issue, each at a state where its closed form differs from plain SGD."""
-    params = list(model.parameters())
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=1e-3)
-    if name == "adam":  # populated second moments at a saturated step count (bias correction invisible)
-        return _populated_adam(model, gen)
-    if name == "adam_fresh":  # no state: the first step is lr * g / (|g| + eps) elementwise, not lr * g
-        return torch.optim.Adam(params, lr=2e-5)
-    warm = {
-        "adam_t1": (torch.optim.Adam, {"lr": 2e-5}, 1),
-        "adam_t5": (torch.optim.Adam, {"lr": 2e-5}, 5),
-        "adamw_wd": (torch.optim.AdamW, {"lr": 2e-5, "weight_decay": 0.1}, 3),
-        "sgd_momentum": (torch.optim.SGD, {"lr": 1e-3, "momentum": 0.9, "nesterov": True, "weight_decay": 0.01}, 3),
-    }
-    cls, kwargs, steps = warm[name]
-    optimizer = cls(params, **kwargs)
-    for _ in range(steps):  # real steps on other U batches, weights put back: a state as after that many updates
-        saved = [p.detach().clone() for p in params]
-        comps = ProbeComponents(model, _policy_cfg(1.0, 1.0))
-        buf, B = comps.accumulate_sum_Y(token_count_reward_batch(model, PROMPTS, 8, T, gen), 3)
-        for n, p in model.named_parameters():
-            p.grad = -buf[n] / B
-        optimizer.step()
-        with torch.no_grad():
-            for p, s in zip(params, saved, strict=True):
-                p.copy_(s)
-                p.grad = None
-    return optimizer
-
-
 @pytest.mark.parametrize(
     "optimizer_name", ["sgd", "adam", "adam_fresh", "adam_t1", "adam_t5", "adamw_wd", "sgd_momentum"]
 )
 def test_deltaH1_and_ground_truth_match_the_exact_entropy_change(optimizer_name):
     model = tiny_llama()
     gen = torch.Generator().manual_seed(3)
-    optimizer = _optimizer(optimizer_name, model, gen)
+    optimizer = optimizer_in_state(optimizer_name, model, gen, T)
     lr = optimizer.defaults["lr"]
     U = token_count_reward_batch(model, PROMPTS, 8, T, gen)
     H_before, exact_grad = exact_target_and_grad(model, PROMPTS, T)

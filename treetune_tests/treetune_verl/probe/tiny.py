@@ -18,6 +18,7 @@ from transformers import LlamaForCausalLM
 
 from treetune_tests.tiny_model import tiny_causal_lm
 from treetune_verl.probe.batch import make_probe_batch
+from treetune_verl.probe.components import ProbeComponents
 from treetune_verl.probe.sampling import sample_responses
 
 VOCAB = 5
@@ -159,3 +160,103 @@ def token_count_reward_batch(
     responses, _ = sample_responses(model, prompts, G, temperature, top_p, T, PAD, (), generator, batch_size=4096)
     rewards = torch.tensor([[float(sum(t == token for t in r)) for r in group] for group in responses])
     return make_probe_batch(prompts, responses, group_advantages(rewards, "grpo"), PAD)
+
+
+def responses_with_eos(T: int, vocab: int, eos: int) -> list[list[int]]:
+    """Every response under a budget of T tokens: ends at its first ``eos`` (kept), or runs to T tokens without one.
+
+    Count: Σ_{k=1..T} (V-1)**(k-1) responses ending in EOS, plus (V-1)**T that reach the budget.
+    """
+    others = [v for v in range(vocab) if v != eos]
+    out: list[list[int]] = []
+    for k in range(1, T + 1):
+        out += [list(prefix) + [eos] for prefix in itertools.product(others, repeat=k - 1)]
+    out += [list(r) for r in itertools.product(others, repeat=T)]
+    return out
+
+
+def exact_variable_length_logprobs(
+    model: torch.nn.Module, prompt: list[int], responses: list[list[int]]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(log π(y) [N], Σ_k H_k along y [N])`` fp64 (temperature 1, no top-p), one unpadded forward per length.
+
+    Differentiable in the model's parameters; no padding anywhere (responses are grouped by length).
+    """
+    seq_lp = [None] * len(responses)
+    ent_sum = [None] * len(responses)
+    for length in sorted({len(r) for r in responses}):
+        idx = [i for i, r in enumerate(responses) if len(r) == length]
+        resp = torch.tensor([responses[i] for i in idx], dtype=torch.long)
+        ids = torch.cat([torch.tensor(prompt).expand(len(idx), -1), resp], dim=1)
+        logits = model(input_ids=ids).logits[:, len(prompt) - 1 : len(prompt) - 1 + length]
+        log_probs = torch.log_softmax(logits.double(), dim=-1)  # [n, length, V]
+        lp = log_probs.gather(-1, resp.unsqueeze(-1)).squeeze(-1).sum(-1)
+        ent = -(log_probs.exp() * log_probs).sum(-1).sum(-1)
+        for j, i in enumerate(idx):
+            seq_lp[i], ent_sum[i] = lp[j], ent[j]
+    return torch.stack(seq_lp), torch.stack(ent_sum)
+
+
+def exact_variable_length_target(
+    model: torch.nn.Module, prompts: list[list[int]], responses: list[list[int]], max_length: int
+) -> torch.Tensor:
+    """mean_b H_seq(x_b) / L_max over the enumerated variable-length responses (fp64, differentiable)."""
+    total = 0.0
+    for prompt in prompts:
+        seq_lp, _ = exact_variable_length_logprobs(model, prompt, responses)
+        total = total + (-(seq_lp.exp() * seq_lp).sum()) / max_length
+    return total / len(prompts)
+
+
+def _populated_adam(model: torch.nn.Module, gen: torch.Generator, T: int) -> torch.optim.Adam:
+    """Adam(β1 = 0) whose second moments come from the gradients of 4 other U batches, at a saturated step count."""
+    params = list(model.parameters())
+    optimizer = torch.optim.Adam(params, lr=2e-4, betas=(0.0, 0.999))
+    comps = ProbeComponents(model, {"generation": {"temperature": 1.0, "top_p": 1.0}})
+    sq = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
+    for _ in range(4):
+        buf, B = comps.accumulate_sum_Y(token_count_reward_batch(model, PROMPTS, 8, T, gen), 3)
+        for n in sq:
+            sq[n] += (buf[n] / B) ** 2 / 4
+    for n, p in model.named_parameters():
+        step = 10000.0
+        optimizer.state[p] = {
+            "step": torch.tensor(step),
+            "exp_avg": torch.zeros_like(p),
+            "exp_avg_sq": sq[n] * (1 - 0.999**step),
+        }
+    return optimizer
+
+
+def optimizer_in_state(name: str, model: torch.nn.Module, gen: torch.Generator, T: int) -> torch.optim.Optimizer:
+    """The optimizer families of the probe issue, each at a state where its step differs from plain SGD.
+
+    States come from real steps on other U batches (token-count reward, fixed length T), weights put back.
+    """
+    params = list(model.parameters())
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=1e-3)
+    if name == "adam":  # populated second moments at a saturated step count (bias correction invisible)
+        return _populated_adam(model, gen, T)
+    if name == "adam_fresh":  # no state: the first step is lr * g / (|g| + eps) elementwise, not lr * g
+        return torch.optim.Adam(params, lr=2e-5)
+    warm = {
+        "adam_t1": (torch.optim.Adam, {"lr": 2e-5}, 1),
+        "adam_t5": (torch.optim.Adam, {"lr": 2e-5}, 5),
+        "adamw_wd": (torch.optim.AdamW, {"lr": 2e-5, "weight_decay": 0.1}, 3),
+        "sgd_momentum": (torch.optim.SGD, {"lr": 1e-3, "momentum": 0.9, "nesterov": True, "weight_decay": 0.01}, 3),
+    }
+    cls, kwargs, steps = warm[name]
+    optimizer = cls(params, **kwargs)
+    for _ in range(steps):  # real steps on other U batches, weights put back: a state as after that many updates
+        saved = [p.detach().clone() for p in params]
+        comps = ProbeComponents(model, {"generation": {"temperature": 1.0, "top_p": 1.0}})
+        buf, B = comps.accumulate_sum_Y(token_count_reward_batch(model, PROMPTS, 8, T, gen), 3)
+        for n, p in model.named_parameters():
+            p.grad = (-buf[n] / B).to(p.dtype)
+        optimizer.step()
+        with torch.no_grad():
+            for p, s in zip(params, saved, strict=True):
+                p.copy_(s)
+                p.grad = None
+    return optimizer

@@ -69,3 +69,26 @@ def test_html_escapes_token_text_and_shades_by_entropy():
     page = render_html([record])
     assert "<script>" not in page and "&lt;script&gt;" in page
     assert "rgba(220,40,40,0.000)" in page and "rgba(220,40,40,1.000)" in page
+    # the colour legend: white (0) to full colour at the page's scale (the maximum, 2 nats), ticks in nats
+    assert page.count("class=legend") == 1 and "rgba(220,40,40,0),rgba(220,40,40,1)" in page
+    assert "<span>0.00</span><span>0.50</span><span>1.00</span><span>1.50</span><span>2.00</span>" in page
+    assert page.count("<span ") == 2  # the legend adds no token-like spans
+
+
+def test_quiet_known_notices_filters_only_the_known_notices(monkeypatch):
+    import warnings
+
+    monkeypatch.setenv("PYTHONWARNINGS", "default")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        generate.quiet_known_notices()
+        for module, message in (
+            ("sglang.srt.layers.quantization.awq", "Only CUDA, HIP and XPU support AWQ currently."),
+            ("treetune_elsewhere", "Only CUDA, HIP and XPU support AWQ currently."),
+        ):
+            warnings.warn_explicit(message, UserWarning, "x.py", 1, module=module)
+    assert [w.filename for w in caught] == ["x.py"] and len(caught) == 1  # only the one from another module shows
+    import os
+
+    options = os.environ["PYTHONWARNINGS"].split(",")
+    assert options[0] == "default" and "ignore:Only CUDA:UserWarning:sglang.srt.layers.quantization.gguf" in options

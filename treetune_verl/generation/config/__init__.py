@@ -1,0 +1,82 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""Generation configuration: defaults in ``generation.yaml``, merged and validated here.
+
+``resolve_config`` accepts a full or partial config (dict or DictConfig), merges it onto the defaults in struct mode
+(an unknown key raises) and validates every value, naming the key in the error.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from treetune_verl.generation.scoring import SCORERS
+
+CONFIG_DIR = Path(__file__).resolve().parent
+CONFIG_NAME = "generation"
+
+_ENTROPY_MODES = ("raw", "tempered")  # treetune_verl.sglang.config.ENTROPY_MODES (not imported: pulls torch)
+_POSITIVE_INTS = (
+    "input.builtin_count",
+    "sampling.n",
+    "sampling.max_new_tokens",
+    "engine.max_in_flight",
+    "engine.max_running_requests",
+    "output.rows_per_shard",
+)
+
+
+def load_default_config() -> DictConfig:
+    cfg = OmegaConf.load(CONFIG_DIR / f"{CONFIG_NAME}.yaml")
+    cfg.pop("hydra", None)
+    return cfg
+
+
+def resolve_config(config: DictConfig | dict[str, Any] | None = None) -> DictConfig:
+    """Defaults <- ``config`` (struct merge), validated. Returns a new DictConfig."""
+    base = load_default_config()
+    OmegaConf.set_struct(base, True)
+    if config is not None:
+        override = config if isinstance(config, DictConfig) else OmegaConf.create(config)
+        override = OmegaConf.masked_copy(override, [k for k in override if k != "hydra"])
+        try:
+            base = OmegaConf.merge(base, override)
+        except Exception as exc:  # omegaconf's ConfigKeyError / ValidationError
+            raise ValueError(f"invalid generation config: {exc}") from exc
+    validate_config(base)
+    return base
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def validate_config(cfg: DictConfig) -> None:
+    """Raise ``ValueError`` naming the key for any out-of-range or unknown value."""
+    for key in _POSITIVE_INTS:
+        value = OmegaConf.select(cfg, key)
+        if not _is_int(value) or value < 1:
+            raise ValueError(f"{key} must be a positive integer, got {value!r}")
+    if cfg.input.limit is not None and (not _is_int(cfg.input.limit) or cfg.input.limit < 1):
+        raise ValueError(f"input.limit must be null or a positive integer, got {cfg.input.limit!r}")
+    if not float(cfg.sampling.temperature) >= 0:
+        raise ValueError(f"sampling.temperature must be >= 0, got {cfg.sampling.temperature!r}")
+    if not 0 < float(cfg.sampling.top_p) <= 1:
+        raise ValueError(f"sampling.top_p must be in (0, 1], got {cfg.sampling.top_p!r}")
+    if not _is_int(cfg.sampling.top_k) or (cfg.sampling.top_k < 1 and cfg.sampling.top_k != -1):
+        raise ValueError(f"sampling.top_k must be -1 (off) or a positive integer, got {cfg.sampling.top_k!r}")
+    if not _is_int(cfg.entropy.top_k) or cfg.entropy.top_k < 0:
+        raise ValueError(f"entropy.top_k must be an integer >= 0 (0 = full vocabulary), got {cfg.entropy.top_k!r}")
+    if cfg.entropy.mode not in _ENTROPY_MODES:
+        raise ValueError(f"entropy.mode must be one of {list(_ENTROPY_MODES)}, got {cfg.entropy.mode!r}")
+    if cfg.entropy.mode == "tempered" and float(cfg.sampling.temperature) == 0:
+        raise ValueError("entropy.mode=tempered needs sampling.temperature > 0 (greedy has no tempered distribution)")
+    if cfg.score.function not in SCORERS:
+        raise ValueError(f"score.function must be one of {list(SCORERS)}, got {cfg.score.function!r}")
+    if cfg.model.device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"model.device must be one of ['auto', 'cpu', 'cuda'], got {cfg.model.device!r}")
+    if not float(cfg.output.flush_s) > 0:
+        raise ValueError(f"output.flush_s must be > 0, got {cfg.output.flush_s!r}")
