@@ -13,8 +13,11 @@ another module happened to be imported first).
 from __future__ import annotations
 
 import ast
+import concurrent.futures
+import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -198,10 +201,23 @@ NO_SGLANG_IMPORT = [
 ]
 
 
-@pytest.mark.parametrize("module", sorted(MODULES))
-def test_module_imports_in_a_fresh_interpreter(module):
+def _import_alone(module: str) -> subprocess.CompletedProcess:
     check = f"import sys, {module}; print('sglang' in sys.modules)"
-    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def fresh_imports() -> Iterator[dict[str, concurrent.futures.Future]]:
+    """Every module's fresh-interpreter import, started together (one interpreter per module, a few at a time):
+    each one is independent, and run one after another they cost minutes of CI on 2 cores."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=(os.cpu_count() or 1) + 1) as pool:
+        futures = {module: pool.submit(_import_alone, module) for module in sorted(MODULES)}
+        yield futures
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_module_imports_in_a_fresh_interpreter(module, fresh_imports):
+    result = fresh_imports[module].result()
     assert result.returncode == 0, f"import {module} failed in a fresh interpreter:\n{result.stderr[-3000:]}"
     if module in NO_SGLANG_IMPORT:
         assert result.stdout.strip().splitlines()[-1] == "False", f"importing {module} imported sglang"

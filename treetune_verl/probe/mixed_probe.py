@@ -58,13 +58,34 @@ def target_units(components: ProbeComponents) -> str:
     return "nats per L_max token"
 
 
+def collective_device() -> torch.device:
+    """The device the default process group's collectives take tensors on: CUDA for NCCL, else CPU (gloo).
+
+    A mixed backend string such as ``"cpu:gloo,cuda:nccl"`` still takes CPU tensors (through gloo).
+    """
+    backend = str(torch.distributed.get_backend())
+    if "nccl" in backend and "cpu:" not in backend:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def _all_reduce_if_distributed(model: torch.nn.Module, buf: ParamBuffer, count: int) -> int:
-    """Sum buffers and prompt counts over DDP ranks (no-op on one process). Untested beyond world size 1."""
+    """Sum buffers (in place, on their own device) and prompt counts over DDP ranks; no-op on one process.
+
+    Buffers live on ``probe.buffers_device`` (CPU by default), which NCCL cannot reduce: each is reduced on the
+    backend's device (:func:`collective_device`) and copied back.
+    """
     if not is_multiprocess_ddp(model):
         return count
+    device = collective_device()
     for tensor in buf.values():
-        torch.distributed.all_reduce(tensor)
-    total = torch.tensor([count], dtype=torch.long, device=next(iter(buf.values())).device)
+        if tensor.device == device:
+            torch.distributed.all_reduce(tensor)
+        else:
+            on_device = tensor.to(device)
+            torch.distributed.all_reduce(on_device)
+            tensor.copy_(on_device)
+    total = torch.tensor([count], dtype=torch.long, device=device)
     torch.distributed.all_reduce(total)
     return int(total.item())
 

@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The DDP code path on one CPU process (gloo, world size 1): ``no_sync``, wrapped forward, ``module.`` names.
 
-Multi-process DDP (the all-reduce of buffers and prompt counts) is not exercised here.
+Multi-process DDP (the all-reduce of buffers and prompt counts) is ``test_ddp_two_processes_on_cpu.py``.
 """
 
 from __future__ import annotations
