@@ -11,8 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from treetune_verl.config.job_config import check_positive_ints, is_int, load_defaults, merge_onto_defaults
 from treetune_verl.generation.scoring import SCORERS
 
 CONFIG_DIR = Path(__file__).resolve().parent
@@ -30,45 +31,29 @@ _POSITIVE_INTS = (
 
 
 def load_default_config() -> DictConfig:
-    cfg = OmegaConf.load(CONFIG_DIR / f"{CONFIG_NAME}.yaml")
-    cfg.pop("hydra", None)
-    return cfg
+    """The packaged defaults (without Hydra's own ``hydra:`` block)."""
+    return load_defaults(CONFIG_DIR / f"{CONFIG_NAME}.yaml")
 
 
 def resolve_config(config: DictConfig | dict[str, Any] | None = None) -> DictConfig:
-    """Defaults <- ``config`` (struct merge), validated. Returns a new DictConfig."""
-    base = load_default_config()
-    OmegaConf.set_struct(base, True)
-    if config is not None:
-        override = config if isinstance(config, DictConfig) else OmegaConf.create(config)
-        override = OmegaConf.masked_copy(override, [k for k in override if k != "hydra"])
-        try:
-            base = OmegaConf.merge(base, override)
-        except Exception as exc:  # omegaconf's ConfigKeyError / ValidationError
-            raise ValueError(f"invalid generation config: {exc}") from exc
+    """Defaults ← ``config`` (struct merge), validated. Returns a new DictConfig."""
+    base = merge_onto_defaults(load_default_config(), config, "generation")
     validate_config(base)
     return base
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def validate_config(cfg: DictConfig) -> None:
     """Raise ``ValueError`` naming the key for any out-of-range or unknown value."""
-    for key in _POSITIVE_INTS:
-        value = OmegaConf.select(cfg, key)
-        if not _is_int(value) or value < 1:
-            raise ValueError(f"{key} must be a positive integer, got {value!r}")
-    if cfg.input.limit is not None and (not _is_int(cfg.input.limit) or cfg.input.limit < 1):
+    check_positive_ints(cfg, _POSITIVE_INTS)
+    if cfg.input.limit is not None and (not is_int(cfg.input.limit) or cfg.input.limit < 1):
         raise ValueError(f"input.limit must be null or a positive integer, got {cfg.input.limit!r}")
     if not float(cfg.sampling.temperature) >= 0:
         raise ValueError(f"sampling.temperature must be >= 0, got {cfg.sampling.temperature!r}")
     if not 0 < float(cfg.sampling.top_p) <= 1:
         raise ValueError(f"sampling.top_p must be in (0, 1], got {cfg.sampling.top_p!r}")
-    if not _is_int(cfg.sampling.top_k) or (cfg.sampling.top_k < 1 and cfg.sampling.top_k != -1):
+    if not is_int(cfg.sampling.top_k) or (cfg.sampling.top_k < 1 and cfg.sampling.top_k != -1):
         raise ValueError(f"sampling.top_k must be -1 (off) or a positive integer, got {cfg.sampling.top_k!r}")
-    if not _is_int(cfg.entropy.top_k) or cfg.entropy.top_k < 0:
+    if not is_int(cfg.entropy.top_k) or cfg.entropy.top_k < 0:
         raise ValueError(f"entropy.top_k must be an integer >= 0 (0 = full vocabulary), got {cfg.entropy.top_k!r}")
     if cfg.entropy.mode not in _ENTROPY_MODES:
         raise ValueError(f"entropy.mode must be one of {list(_ENTROPY_MODES)}, got {cfg.entropy.mode!r}")

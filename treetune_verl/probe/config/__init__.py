@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from treetune_verl.config.job_config import check_positive_ints, load_defaults, merge_onto_defaults
 from treetune_verl.probe.policy import check_policy_args
 
 CONFIG_DIR = Path(__file__).resolve().parent
@@ -46,22 +47,12 @@ _POSITIVE_INTS = (
 
 def load_default_config() -> DictConfig:
     """The packaged defaults (without Hydra's own ``hydra:`` block)."""
-    cfg = OmegaConf.load(CONFIG_DIR / f"{CONFIG_NAME}.yaml")
-    cfg.pop("hydra", None)
-    return cfg
+    return load_defaults(CONFIG_DIR / f"{CONFIG_NAME}.yaml")
 
 
 def resolve_config(config: DictConfig | dict[str, Any] | None = None) -> DictConfig:
     """Defaults ← ``config`` (struct merge), validated. Returns a new DictConfig."""
-    base = load_default_config()
-    OmegaConf.set_struct(base, True)
-    if config is not None:
-        override = config if isinstance(config, DictConfig) else OmegaConf.create(config)
-        override = OmegaConf.masked_copy(override, [k for k in override if k != "hydra"])
-        try:
-            base = OmegaConf.merge(base, override)
-        except Exception as exc:  # omegaconf raises ConfigKeyError / ValidationError subclasses
-            raise ValueError(f"invalid probe config: {exc}") from exc
+    base = merge_onto_defaults(load_default_config(), config, "probe")
     validate_config(base)
     return base
 
@@ -72,10 +63,7 @@ def validate_config(cfg: DictConfig) -> None:
         value = OmegaConf.select(cfg, key)
         if value not in allowed:
             raise ValueError(f"{key} must be one of {list(allowed)}, got {value!r}")
-    for key in _POSITIVE_INTS:
-        value = OmegaConf.select(cfg, key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{key} must be a positive integer, got {value!r}")
+    check_positive_ints(cfg, _POSITIVE_INTS)
     decay = cfg.estimator.baseline.ema_decay
     if not isinstance(decay, int | float) or not 0.0 <= float(decay) < 1.0:
         raise ValueError(f"estimator.baseline.ema_decay must be in [0, 1), got {decay!r}")
