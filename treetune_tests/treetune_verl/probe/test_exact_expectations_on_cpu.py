@@ -63,12 +63,12 @@ def responses() -> list[list[int]]:
 
 def _probabilities(model: torch.nn.Module, prompt: list[int], responses: list[list[int]]) -> torch.Tensor:
     with torch.no_grad():
-        seq_lp, _ = exact_variable_length_logprobs(copy.deepcopy(model).double(), prompt, responses)
+        seq_lp, _ = exact_variable_length_logprobs(model, prompt, responses)
     return seq_lp.exp()
 
 
 def _exact_gradient(model: torch.nn.Module, responses: list[list[int]]) -> torch.Tensor:
-    ref = copy.deepcopy(model).double()
+    ref = copy.deepcopy(model)  # its .grad must not land on the module-scoped model
     exact_variable_length_target(ref, PROMPTS, responses, T).backward()
     return torch.cat([p.grad.reshape(-1) for p in ref.parameters() if p.requires_grad])
 
@@ -171,10 +171,10 @@ def test_expected_deltaH1_of_both_estimators_matches_the_exact_change_after_a_re
     step = lr * flat_buffer(model, estimate_mean_Y(comps, U, 3, optimizer).buffer)
 
     with torch.no_grad():
-        before = float(exact_variable_length_target(copy.deepcopy(model).double(), PROMPTS, responses, T))
+        before = float(exact_variable_length_target(model, PROMPTS, responses, T))
     stepped = _independent_step(model, optimizer, U)
     with torch.no_grad():
-        after = float(exact_variable_length_target(copy.deepcopy(stepped).double(), PROMPTS, responses, T))
+        after = float(exact_variable_length_target(stepped, PROMPTS, responses, T))
     exact_change = after - before
     real_step = flat_params(stepped) - flat_params(model)
     assert torch.nn.functional.cosine_similarity(step, real_step, dim=0) > 0.9999  # Δθ is the real step
@@ -189,7 +189,7 @@ def test_expected_deltaH1_of_both_estimators_matches_the_exact_change_after_a_re
 
 def _stats(model: torch.nn.Module, prompt: list[int], responses) -> tuple[torch.Tensor, torch.Tensor]:
     with torch.no_grad():
-        return exact_variable_length_logprobs(copy.deepcopy(model).double(), prompt, responses)
+        return exact_variable_length_logprobs(model, prompt, responses)
 
 
 def _self_normalised(S0, F0, S1, F1):
