@@ -1,6 +1,6 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""The generation job's wiring: prompt set -> chat-templated ids -> patched Engine -> scored rows -> shards.
+"""The generation job's wiring: prompt set -> chat-templated ids -> patched Engine (or verl on Ray) -> scored rows -> shards.
 
 Everything that can be refused is refused before the Engine starts (configuration, every input row, prompt length
 against the model's context, a resume with other settings). Order of work: the responses still missing from the
@@ -152,8 +152,9 @@ def start_engine(cfg: DictConfig, model: str) -> Any:
 def run_generation_job(config: DictConfig | dict[str, Any] | None = None, engine: Any = None) -> GenerationResult:
     """Generate every missing response of the configured run into ``output.dir``.
 
-    ``engine``: an already started Engine with entropy installed (tests, benchmarks); by default the job starts
-    one (and shuts it down). Raises ``ValueError`` (``InputError`` for the prompt set) before any work on bad input.
+    ``backend=engine``: on an in-process patched Engine; ``engine``, an already started one with entropy installed
+    (tests, benchmarks), else the job starts one (and shuts it down). ``backend=verl``: through verl's agent-loop
+    manager on Ray (``verl_runner``), which the job starts and stops. Raises ``ValueError`` (``InputError`` for the prompt set) before any work on bad input.
     """
     cfg = resolve_config(config)
     from treetune_verl.model_cache import smollm2_path
@@ -176,7 +177,9 @@ def run_generation_job(config: DictConfig | dict[str, Any] | None = None, engine
     if not todo:
         return GenerationResult(out_dir, total, 0, 0, 0.0)
 
-    own_engine = engine is None
+    if engine is not None and cfg.backend != "engine":
+        raise ValueError(f"an Engine was passed, but backend={cfg.backend!r} (it serves backend=engine only)")
+    own_engine = engine is None and cfg.backend == "engine"
     engine = start_engine(cfg, model) if own_engine else engine
     writer = ShardWriter(out_dir, cfg.output.rows_per_shard, cfg.output.flush_s)
     score = make_scorer(cfg.score.function)
@@ -188,7 +191,12 @@ def run_generation_job(config: DictConfig | dict[str, Any] | None = None, engine
         progress.update(len(row["token_ids"]))
 
     try:
-        stream_generate(engine, todo, sampling_params(cfg), on_output, cfg.engine.max_in_flight)
+        if cfg.backend == "engine":
+            stream_generate(engine, todo, sampling_params(cfg), on_output, cfg.engine.max_in_flight)
+        else:
+            from treetune_verl.generation.verl_runner import stream_generate_verl
+
+            stream_generate_verl(cfg, model, tokenizer, todo, on_output)
     finally:
         writer.close()  # keep every completed response, also on Ctrl-C or an error
         progress.close()

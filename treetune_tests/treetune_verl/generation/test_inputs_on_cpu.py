@@ -103,6 +103,10 @@ def test_final_answer_without_a_number():
         ({"score": {"function": "llm"}}, "score.function must be one of"),
         ({"sampling": {"nn": 1}}, "invalid generation config"),
         ({"entropy": {"mode": "tempered"}, "sampling": {"temperature": 0}}, "entropy.mode=tempered needs"),
+        ({"backend": "vllm"}, "backend must be one of"),
+        ({"verl": {"batch_size": 0}}, "verl.batch_size must be a positive integer"),
+        ({"verl": {"num_workers": -1}}, "verl.num_workers must be a positive integer"),
+        ({"verl": {"ray_address": 5}}, "verl.ray_address must be null"),
     ],
 )
 def test_config_refusals_name_the_key(override, message):

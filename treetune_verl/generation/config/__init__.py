@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig
 
 from treetune_verl.config.job_config import check_positive_ints, is_int, load_defaults, merge_onto_defaults
 from treetune_verl.generation.scoring import SCORERS
@@ -27,7 +27,13 @@ _POSITIVE_INTS = (
     "engine.max_in_flight",
     "engine.max_running_requests",
     "output.rows_per_shard",
+    "verl.nnodes",
+    "verl.n_gpus_per_node",
+    "verl.tensor_model_parallel_size",
+    "verl.num_workers",
+    "verl.batch_size",
 )
+BACKENDS = ("engine", "verl")
 
 
 def load_default_config() -> DictConfig:
@@ -63,5 +69,12 @@ def validate_config(cfg: DictConfig) -> None:
         raise ValueError(f"score.function must be one of {list(SCORERS)}, got {cfg.score.function!r}")
     if cfg.model.device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"model.device must be one of ['auto', 'cpu', 'cuda'], got {cfg.model.device!r}")
+    if cfg.backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {list(BACKENDS)}, got {cfg.backend!r}")
+    if cfg.verl.ray_address is not None and not isinstance(cfg.verl.ray_address, str):
+        raise ValueError(f"verl.ray_address must be null, auto or host:port, got {cfg.verl.ray_address!r}")
+    overrides = cfg.verl.overrides
+    if not isinstance(overrides, ListConfig) or not all(isinstance(override, str) for override in overrides):
+        raise ValueError(f"verl.overrides must be a list of Hydra override strings, got {cfg.verl.overrides!r}")
     if not float(cfg.output.flush_s) > 0:
         raise ValueError(f"output.flush_s must be > 0, got {cfg.output.flush_s!r}")
