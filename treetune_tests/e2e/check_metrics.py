@@ -69,6 +69,15 @@ KL_AT_START_MAX = 1e-6
 REPORTED = (PG_LOSS, GRAD_NORM, ENTROPY_MEAN, ENTROPY_DIFF, PROBS_DIFF, PEARSON, "critic/score/mean", "timing_s/step")
 KEPT_SHARE, THRESHOLD = "pg_token_mask/kept_share", "pg_token_mask/threshold"
 KEPT_ENTROPY, DROPPED_ENTROPY = "pg_token_mask/entropy_kept_mean", "pg_token_mask/entropy_dropped_mean"
+# The live entropy forecast (treetune_verl/forecast): keys logged at every probed step, finite.
+FORECAST_KEYS = (
+    "probe/deltaH1/naive",
+    "probe/deltaH1/rb_residual",
+    "probe/deltaH_realised",
+    "probe/deltaH_realised_first_step",
+    "timing_s/probe",
+    "probe/cost_ratio",
+)
 TIE_TOLERANCE = 0.05  # how far above Q the kept share may go through ties at the threshold
 VARIANT_REPORTED = (KL_LOSS, VAL_ENTROPY_MEAN, ABORTED_RATIO, COMPLETED_SCORE, ZERO_SCORE, KEPT_SHARE, THRESHOLD)
 
@@ -122,6 +131,7 @@ def check(
     entropy: bool = True,
     aborted_ratio: float | None = None,
     pg_token_quantile: float | None = None,
+    forecast_every: int | None = None,
 ) -> list[str]:
     """Every failed acceptance check, as a message (empty: accepted). ``steps``: all records (``read_steps``)."""
     errors: list[str] = []
@@ -176,6 +186,9 @@ def check(
             _check_over_sampling(errors, metrics, aborted_ratio)
         if pg_token_quantile is not None:
             _check_forking_tokens(errors, metrics, pg_token_quantile)
+        if forecast_every is not None and (metrics["step"] - trained[0]["step"]) % forecast_every == 0:
+            for key in FORECAST_KEYS:
+                _need(errors, metrics, key, lambda v: True, "a finite number (the forecast block's probed step)")
     if val and trained:
         before = [m for m in steps if is_validation_only(m) and m["step"] == trained[0]["step"] - 1]
         if not before:
@@ -267,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--aborted-ratio", type=float, default=None, help="over-sampling: expected aborted share")
     parser.add_argument("--pg-token-quantile", type=float, default=None, help="forking tokens: the configured q")
     parser.add_argument("--json", type=Path, default=None, help="also write the per-step acceptance metrics here")
+    parser.add_argument(
+        "--forecast-every", type=int, default=None, help="entropy forecast: its keys finite every k-th trained step"
+    )
     args = parser.parse_args(argv)
     if args.no_entropy and args.max_entropy_diff is not None:
         parser.error("--max-entropy-diff needs the override block: not with --no-entropy")
@@ -276,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = read_steps(args.metrics)
     print(table(steps))
     if args.json is not None:
-        keys = ("step", *REPORTED, *VARIANT_REPORTED)
+        keys = ("step", *REPORTED, *VARIANT_REPORTED, *(FORECAST_KEYS if args.forecast_every else ()))
         summary = [{k: m.get(k) for k in keys} | val_core(m) for m in steps]
         args.json.write_text(json.dumps(summary, indent=1))
     errors = check(
@@ -291,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         entropy=not args.no_entropy,
         aborted_ratio=args.aborted_ratio,
         pg_token_quantile=args.pg_token_quantile,
+        forecast_every=args.forecast_every,
     )
     if args.same_generations is not None:
         errors += same_generations(*args.same_generations)

@@ -43,7 +43,7 @@
 # Env: E2E_MODEL (smollm2 | tiny: the random tiny Qwen2 of treetune_tests/tiny_model.py), MODEL_PATH (overrides
 # E2E_MODEL), E2E_DEVICE (auto | cpu | cuda), E2E_VARIANT (above), E2E_STEPS (trainer.total_training_steps; default
 # per variant), E2E_NPROC (training processes = declared GPUs on CPU; default 1 for base, 2 otherwise),
-# E2E_WORKDIR (default per variant), E2E_RESUME_FROM (resume only), E2E_OVER_SAMPLE (rollout.over_sample_rate, above), E2E_PG_TOKEN_QUANTILE (forking tokens, above), E2E_PROBE=1 (also select the probing manager,
+# E2E_WORKDIR (default per variant), E2E_RESUME_FROM (resume only), E2E_OVER_SAMPLE (rollout.over_sample_rate, above), E2E_PG_TOKEN_QUANTILE (forking tokens, above), E2E_FORECAST=<k> (the live entropy forecast every k steps, below), E2E_PROBE=1 (also select the probing manager,
 # treetune_tests/e2e/e2e_probe.py, and check the shape/dtype/mask alignment of every rollout's
 # batch["rollout_entropy"]), E2E_MAX_PROBS_DIFF / E2E_MIN_PEARSON (bounds at every step; CPU defaults 1e-3 / 0.999,
 # empty: no bound), PYTHON (default: python), RAY_TMPDIR (default /tmp/treetune_e2e_ray).
@@ -237,6 +237,18 @@ if [[ "$OVER_SAMPLE" != 0 ]]; then
         actor_rollout_ref.model.external_lib=treetune_verl.ppo.actor_setup
     )
 fi
+# Live entropy forecast (E2E_FORECAST=<k>): the +treetune_forecast=entropy_forecast block with every=k (its
+# external_lib also installs treetune_verl.ppo.actor_setup's patches); check_metrics --forecast-every k checks its
+# keys at the probed steps, and $WORK/entropy_forecast.png plots forecast vs realised (treetune_verl/forecast).
+FORECAST=${E2E_FORECAST:-}
+if [[ -n "$FORECAST" ]]; then
+    [[ "$BLOCK" == 1 ]] || ARGS+=("hydra.searchpath=[pkg://treetune_verl.config]")
+    ARGS+=(
+        +treetune_forecast=entropy_forecast
+        actor_rollout_ref.model.external_lib=treetune_verl.forecast.actor_setup
+        actor_rollout_ref.rollout.custom.entropy_forecast.every="$FORECAST"
+    )
+fi
 ARGS+=("$@")
 
 if [[ "$PRINT_ARGS" == 1 ]]; then
@@ -331,7 +343,9 @@ if [[ "$OVER_SAMPLE" != 0 ]]; then
 b = $((TRAIN_BATCH_SIZE * ROLLOUT_N)); print((b - t($OVER_SAMPLE, b)) / b)")")
 fi
 [[ -n "$PG_TOKEN_QUANTILE" ]] && CHECK+=(--pg-token-quantile "$PG_TOKEN_QUANTILE")
+[[ -n "$FORECAST" ]] && CHECK+=(--forecast-every "$FORECAST")
 "$PYTHON" -m treetune_tests.e2e.check_metrics "$VERL_FILE_LOGGER_PATH" "${CHECK[@]}"
+[[ -n "$FORECAST" ]] && "$PYTHON" -m treetune_verl.forecast.plot "$VERL_FILE_LOGGER_PATH"
 
 if [[ "$PROBE" == 1 ]]; then
     "$PYTHON" - "$TREETUNE_E2E_PROBE_DIR" $((TRAIN_BATCH_SIZE * ROLLOUT_N)) <<'EOF'

@@ -188,6 +188,37 @@ class ProbeComponents:
                 p.grad = None
         return buf
 
+    def x_surrogate(self, R: int) -> tuple[Callable[[dict], torch.Tensor], Callable[[], None]]:
+        """The X surrogate of ``estimator.x_estimator_mode`` for the microbatches of one E batch of response width R.
+
+        Returns ``(loss_fn, finish)``: ``loss_fn({"tf": TeacherForced, **microbatch})`` is the loss whose gradient is
+        Σ_b X_b over the microbatch (``rb_residual`` needs ``tf.entropies``); ``finish()``, called once after the
+        batch's last microbatch, folds its residuals into the ``residual_mu`` baseline (read once, before the first).
+        """
+        if self.x_mode == "naive":
+
+            def naive(mb: dict) -> torch.Tensor:
+                return naive_x_loss(mb["tf"], mb["max_lengths"], self.weighting_mode)
+
+            return naive, lambda: None
+        mu = self.baseline.vector(R) if self.baseline_mode == "residual_mu" else None
+        residual_sum = torch.zeros(R, dtype=torch.float64)
+        residual_count = torch.zeros(R, dtype=torch.float64)
+
+        def rb(mb: dict) -> torch.Tensor:
+            loss, r_sum, r_count = rb_residual_x_loss(
+                mb["tf"], mb["max_lengths"], mu, self.rb_normalize_by_length, self.baseline_mode == "loo"
+            )
+            residual_sum.add_(r_sum)
+            residual_count.add_(r_count)
+            return loss
+
+        def finish() -> None:
+            if self.baseline_mode == "residual_mu":
+                self.baseline.update(residual_sum, residual_count)
+
+        return rb, finish
+
     def accumulate_sum_X(self, E_batch: dict[str, torch.Tensor], mb_size_prompts: int) -> tuple[ParamBuffer, int]:
         """Σ over E's prompts of X_b (estimator per ``estimator.x_estimator_mode``); returns ``(buffer, B_E)``.
 
@@ -199,27 +230,9 @@ class ProbeComponents:
         """
         B, _, P = validate_probe_batch(E_batch, "E_batch")
         start = time.perf_counter()
-        R = E_batch["sequences"].shape[-1] - P
-        if self.x_mode == "naive":
-
-            def loss_fn(mb: dict) -> torch.Tensor:
-                return naive_x_loss(mb["tf"], mb["max_lengths"], self.weighting_mode)
-
-            buf = self._accumulate(E_batch, mb_size_prompts, loss_fn, False, "E_batch")
-        else:
-            mu = self.baseline.vector(R) if self.baseline_mode == "residual_mu" else None
-            residual_sum = torch.zeros(R, dtype=torch.float64)
-            residual_count = torch.zeros(R, dtype=torch.float64)
-
-            def loss_fn(mb: dict) -> torch.Tensor:
-                loss, r_sum, r_count = rb_residual_x_loss(mb["tf"], mb["max_lengths"], mu, self.rb_normalize_by_length)
-                residual_sum.add_(r_sum)
-                residual_count.add_(r_count)
-                return loss
-
-            buf = self._accumulate(E_batch, mb_size_prompts, loss_fn, True, "E_batch")
-            if self.baseline_mode == "residual_mu":
-                self.baseline.update(residual_sum, residual_count)
+        loss_fn, finish = self.x_surrogate(E_batch["sequences"].shape[-1] - P)
+        buf = self._accumulate(E_batch, mb_size_prompts, loss_fn, self.x_mode == "rb_residual", "E_batch")
+        finish()
         self.last_timing = {"X_s": time.perf_counter() - start}
         return buf, B
 

@@ -32,7 +32,8 @@ s_j alone can be subtracted from Σ_{k>=j} H_k =: G_j, because E[∇log π(y_j|s
     X_b = mean_g [ Σ_j (G_j - b_j) ∇log π(y_j|s_j) + Σ_k ∇H_k ]   (divided by L_max when normalising)
 
 μ_j (``residual_mu``) is a per-position running mean of the residual G_j - H_j = Σ_{k>j} H_k from PREVIOUS batches
-(see ``ResidualBaseline``); ``none`` uses μ = 0. Dividing by the per-prompt L_max keeps it unbiased; dividing each
+(see ``ResidualBaseline``); ``none`` uses μ = 0; ``loo`` uses μ_{g,j} = the mean residual at j over the prompt's
+other responses (``leave_one_out``: independent of response g, and it follows the prompt). Dividing by the per-prompt L_max keeps it unbiased; dividing each
 sequence by its own random length (as one might be tempted to) would not: the length is random and correlated with the
 score function.
 """
@@ -79,6 +80,7 @@ def rb_residual_x_loss(
     max_lengths: torch.Tensor,
     mu: torch.Tensor | None,
     normalize_by_length: bool,
+    leave_one_out: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Σ_b mean_g [Σ_j detach(G_j - H_j - μ_j) log π(y_j|s_j) + Σ_k H_k] (/ L_max); gradient Σ_b X_b (RB).
 
@@ -87,6 +89,9 @@ def rb_residual_x_loss(
         max_lengths: ``[b]`` per-prompt L_max.
         mu: ``[R]`` baseline residual means (nats, un-normalised) from previous batches, or None for μ = 0.
         normalize_by_length: divide each prompt's term by L_max.
+        leave_one_out: μ_{g,j} = the mean residual at position j over the OTHER responses of the same prompt that
+            reach it (0 if none; ``mu`` must then be None). Independent of response g, so unbiased like ``mu``, and
+            it follows the prompt: the residual's level depends on the prompt (e.g. the answer's length). Needs G >= 2.
 
     Returns:
         ``(loss, residual_sum, residual_count)``: the scalar loss, and the per-position sum ``[R]`` fp64 and count
@@ -100,7 +105,15 @@ def rb_residual_x_loss(
     with torch.no_grad():
         returns = H.flip(-1).cumsum(-1).flip(-1)  # G_j = Σ_{k>=j} H_k; padding adds 0
         residual = (returns - H).masked_fill(~valid, 0.0)  # Σ_{k>j} H_k
-        coef = residual if mu is None else residual - mu.to(H.device, H.dtype).view(1, 1, R)
+        if leave_one_out:
+            if mu is not None:
+                raise ValueError("rb_residual_x_loss: give either mu or leave_one_out, not both")
+            check_group_size(G, "estimator.baseline.mode=loo", "a leave-one-out baseline")
+            others = valid.sum(dim=1, keepdim=True) - valid.to(torch.long)  # [b, G, R] responses besides g at j
+            loo = (residual.sum(dim=1, keepdim=True) - residual) / others.clamp(min=1)
+            coef = residual - loo.masked_fill(others == 0, 0.0)
+        else:
+            coef = residual if mu is None else residual - mu.to(H.device, H.dtype).view(1, 1, R)
         coef = coef.masked_fill(~valid, 0.0)
         residual_sum = residual.double().sum(dim=(0, 1)).cpu()
         residual_count = valid.double().sum(dim=(0, 1)).cpu()

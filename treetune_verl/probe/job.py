@@ -32,7 +32,7 @@ from treetune_verl.probe.covariance import covariance_entropy_change
 from treetune_verl.probe.ground_truth import TRUTH_KEYS, true_entropy_change, truth_of_batch
 from treetune_verl.probe.mixed_probe import estimate_mean_Y, resolve_lr, run_mixed_probe
 from treetune_verl.probe.model_loading import load_model_and_tokenizer
-from treetune_verl.probe.optimizers import build_optimizer, warm_up_optimizer_state
+from treetune_verl.probe.optimizers import build_optimizer, state_step, warm_up_optimizer_state
 from treetune_verl.probe.report import estimator_entries, format_table, per_repeat_rows, std_ratio
 from treetune_verl.probe.task_sampler import ArithmeticBatchSampler
 
@@ -133,6 +133,7 @@ def run_probe_job(config: DictConfig | dict | None) -> dict[str, Any]:
         "device": str(next(model.parameters()).device),
         "config": OmegaConf.to_container(cfg, resolve=True),
         "lr": lr,
+        "optimizer_state_step": state_step(optimizer),
         **mean_Ys[0].preconditioner,
         "mean_reward_U": statistics.fmean(info["mean_reward"] for _, info in U_batches),
         "example": U_batches[0][1]["example"],

@@ -32,6 +32,12 @@ def build_optimizer(cfg_opt: DictConfig, params: list[torch.nn.Parameter]) -> to
     return torch.optim.AdamW(params, weight_decay=float(cfg_opt.weight_decay), **kwargs)
 
 
+def state_step(optimizer: torch.optim.Optimizer) -> int | None:
+    """Steps the optimizer's state has seen (the largest per-parameter ``step``); ``None`` if it keeps no count."""
+    steps = [int(state["step"]) for state in optimizer.state.values() if "step" in state]
+    return max(steps) if steps else None
+
+
 def warm_up_optimizer_state(
     components: ProbeComponents,
     batches: Iterable[dict[str, torch.Tensor]],

@@ -31,6 +31,7 @@ def _sample_chunk(
     eos_token_ids: frozenset[int],
     pad_token_id: int,
     generator: torch.Generator,
+    stop_early: bool,
 ) -> tuple[list[list[int]], list[list[float]]]:
     device = next(model.parameters()).device
     N = len(prompts)
@@ -57,7 +58,7 @@ def _sample_chunk(
         step_logprobs.append(log_probs.gather(-1, token).squeeze(-1))
         step_alive.append(~finished)
         finished = finished | torch.isin(token.squeeze(-1), eos)
-        if bool(finished.all()) or step == max_new_tokens - 1:
+        if (stop_early and bool(finished.all())) or step == max_new_tokens - 1:
             break
         mask = torch.cat([mask, torch.ones((N, 1), dtype=mask.dtype, device=device)], dim=1)
         out = model(input_ids=token, attention_mask=mask, position_ids=next_pos, past_key_values=past, use_cache=True)
@@ -83,11 +84,14 @@ def sample_responses(
     eos_token_ids: Sequence[int] = (),
     generator: torch.Generator | None = None,
     batch_size: int = 64,
+    stop_early: bool = True,
 ) -> tuple[list[list[list[int]]], list[list[list[float]]]]:
     """G responses per prompt: ``(response_ids[b][g], token_logprobs[b][g])`` (logprobs in nats, fp32 values).
 
     Runs in eval mode (restored after). ``generator`` must live on the model's device; ``None`` uses torch's
-    default generator.
+    default generator. ``stop_early=False`` runs all ``max_new_tokens`` forward passes of a chunk even when every row
+    has ended (the tokens after an EOS are dropped as before): under FSDP every rank must run the same number of
+    forwards, whatever its own rows sampled.
     """
     check_policy_args(temperature, top_p)
     if G < 1 or max_new_tokens < 1:
@@ -111,6 +115,7 @@ def sample_responses(
                 frozenset(eos_token_ids),
                 pad_token_id,
                 generator,
+                stop_early,
             )
             tokens += t
             logprobs += lp

@@ -42,6 +42,7 @@ NAIVE = {"estimator": {"x_estimator_mode": "naive"}}
 NAIVE_PER_TOKEN_AVG = {**NAIVE, "probe": {"weighting_mode": "per_token_avg"}}
 RB_NONE = {"estimator": {"x_estimator_mode": "rb_residual", "baseline": {"mode": "none"}}}
 RB_MU = {"estimator": {"x_estimator_mode": "rb_residual", "baseline": {"mode": "residual_mu"}}}
+RB_LOO = {"estimator": {"x_estimator_mode": "rb_residual", "baseline": {"mode": "loo"}}}
 # A fixed μ from "previous batches" (any value that does not depend on the current sample keeps RB unbiased).
 MU_STATE = {
     "mu": torch.tensor([0.9, 0.35], dtype=torch.float64),
@@ -89,7 +90,13 @@ def _exact_expectation_of_X(model, responses, config: dict) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def exact_X(model, responses) -> dict[str, torch.Tensor]:
-    configs = {"naive": NAIVE, "rb_none": RB_NONE, "rb_mu": RB_MU, "naive_per_token_avg": NAIVE_PER_TOKEN_AVG}
+    configs = {
+        "naive": NAIVE,
+        "rb_none": RB_NONE,
+        "rb_mu": RB_MU,
+        "rb_loo": RB_LOO,
+        "naive_per_token_avg": NAIVE_PER_TOKEN_AVG,
+    }
     return {name: _exact_expectation_of_X(model, responses, cfg) for name, cfg in configs.items()}
 
 
@@ -101,7 +108,7 @@ def test_enumeration_covers_the_whole_response_space(model, responses):
     assert {len(r) for r in responses} == {1, 2}  # variable lengths under the fixed budget
 
 
-@pytest.mark.parametrize("name", ["naive", "rb_none", "rb_mu"])
+@pytest.mark.parametrize("name", ["naive", "rb_none", "rb_mu", "rb_loo"])
 def test_both_x_estimators_are_exactly_unbiased_with_eos_and_variable_lengths(exact_X, model, responses, name):
     exact = _exact_gradient(model, responses)
     expectation = exact_X[name]

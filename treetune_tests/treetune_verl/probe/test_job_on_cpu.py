@@ -4,16 +4,20 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import math
 import runpy
 import statistics
 import sys
+from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
 
 from treetune_verl.probe.config import CONFIG_DIR, CONFIG_NAME, resolve_config
 from treetune_verl.probe.job import run_probe_job
@@ -84,7 +88,10 @@ def test_main_job_rejects_an_unknown_value_naming_the_key(char_llama_dir, monkey
     with pytest.raises(SystemExit) as info:  # Hydra prints the task's exception and exits 1
         _run_main(monkeypatch, [f"model.path={char_llama_dir}", "estimator.baseline.mode=regression"])
     assert info.value.code == 1
-    assert "estimator.baseline.mode must be one of ['none', 'residual_mu'], got 'regression'" in capsys.readouterr().err
+    assert (
+        "estimator.baseline.mode must be one of ['none', 'residual_mu', 'loo'], got 'regression'"
+        in capsys.readouterr().err
+    )
 
 
 def test_hydra_overrides_compose_onto_the_packaged_defaults(clean_hydra):
@@ -114,6 +121,21 @@ def _small_job(model_dir, out_dir, **overrides) -> dict:
     return run_probe_job(config)
 
 
+def test_the_default_optimizer_is_verls_actor_optimizer():
+    """Reference: verl's own packaged trainer config (``actor_rollout_ref.actor.optim``), read from the installed
+    verl, not from our YAML; eps is torch.optim.AdamW's default, which verl does not override."""
+    verl_dir = Path(importlib.util.find_spec("verl").origin).parent
+    verl_optim = OmegaConf.load(verl_dir / "trainer/config/_generated_ppo_trainer.yaml").actor_rollout_ref.actor.optim
+    assert (verl_optim.optimizer_impl, verl_optim.optimizer) == ("torch.optim", "AdamW")
+    ours = resolve_config({}).optimizer
+    assert ours.name == "adamw"
+    assert float(ours.lr) == float(verl_optim.lr)
+    assert list(ours.betas) == list(verl_optim.betas)
+    assert float(ours.weight_decay) == float(verl_optim.weight_decay)
+    assert float(ours.eps) == torch.optim.AdamW([torch.zeros(1, requires_grad=True)]).defaults["eps"]
+    assert ours.state_warmup_batches >= 1  # "its state as after a few real steps"
+
+
 def test_main_job_resamples_U_and_reports_deltaH_true_in_each_estimators_units(char_llama_dir, tmp_path):
     """resample_U: one step per repeat, each measured on its own E; per-sequence RB gets the per-sequence truth."""
     results = _small_job(
@@ -122,6 +144,12 @@ def test_main_job_resamples_U_and_reports_deltaH_true_in_each_estimators_units(c
         run={"resample_U": True},
         estimator={"rb_normalize_by_length": False},
     )
+    # the default optimizer, its state warmed up by optimizer.state_warmup_batches real steps
+    assert results["optimizer"] == "AdamW" and results["params_without_state"] == 0
+    assert results["optimizer_state_step"] == resolve_config({}).optimizer.state_warmup_batches
+    for entry in results["estimators"].values():
+        diff = entry["deltaH1_minus_true"]
+        assert diff["agrees"] == (abs(diff["mean"]) <= 2 * diff["sem"])
     truth = results["ground_truth"]
     assert set(truth) == {"deltaH_true", "deltaH_true_per_sequence", "H_before", "H_after", "min_ess"}
     assert all(len(values) == 2 for values in truth.values())

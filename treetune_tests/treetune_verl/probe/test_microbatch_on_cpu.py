@@ -43,12 +43,13 @@ def _assert_buffers_close(a, b):
         ({"x_estimator_mode": "naive"}, "per_token_avg"),
         ({"x_estimator_mode": "rb_residual", "baseline": {"mode": "none"}}, "dr_grpo"),
         ({"x_estimator_mode": "rb_residual", "baseline": {"mode": "residual_mu"}}, "dr_grpo"),
+        ({"x_estimator_mode": "rb_residual", "baseline": {"mode": "loo"}}, "dr_grpo"),
         (
             {"x_estimator_mode": "rb_residual", "baseline": {"mode": "residual_mu"}, "rb_normalize_by_length": False},
             "dr_grpo",
         ),
     ],
-    ids=["naive_dr_grpo", "naive_per_token_avg", "rb_none", "rb_mu", "rb_mu_unnormalised"],
+    ids=["naive_dr_grpo", "naive_per_token_avg", "rb_none", "rb_mu", "rb_loo", "rb_mu_unnormalised"],
 )
 def test_x_buffers_do_not_depend_on_the_microbatch_size(estimator, weighting_mode):
     model = tiny_llama()

@@ -27,7 +27,7 @@ _CHOICES = {
     "model.dtype": tuple(name for name in DTYPES if name != "float64"),  # fp64 is for accumulating buffers only
     "advantage.estimator": ("grpo", "dr_grpo"),
     "estimator.x_estimator_mode": ("naive", "rb_residual"),
-    "estimator.baseline.mode": ("none", "residual_mu"),
+    "estimator.baseline.mode": ("none", "residual_mu", "loo"),
     "probe.buffers_dtype": tuple(DTYPES),
     "probe.buffers_device": ("cpu", "model"),
     "probe.weighting_mode": ("dr_grpo", "per_token_avg"),

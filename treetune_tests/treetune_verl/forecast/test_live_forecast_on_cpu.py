@@ -1,0 +1,220 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""The live forecast around verl 0.7.1's real ``DataParallelPPOActor.update_policy`` on a tiny Qwen2.
+
+Real: verl's actor (mini-batches, PPO loss, clipping in ``_optimizer_step``, AdamW with weight decay and a state from
+an earlier real update), torch's FSDP2 (``fully_shard``) over one and two gloo ranks. The reference is computed on a
+plain copy of the model with the real step's Δθ = θ′ − θ read from the weights (not the forecast's dry-run), on the
+E the forecast sampled (every rank's share, rebuilt with ``make_probe_batch``), and the realised change from the
+probe's entropy statistics before and after that step; two ranks, whose rows split every group, too.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from verl import DataProto
+from verl.workers.actor.dp_actor import DataParallelPPOActor
+from verl.workers.config import FSDPActorConfig, FSDPEngineConfig
+
+from treetune_tests.tiny_model import tiny_causal_lm
+from treetune_verl.forecast.live import ForecastState, forecast_update
+from treetune_verl.forecast.settings import ForecastSettings
+from treetune_verl.patching import original_of
+from treetune_verl.probe.batch import make_probe_batch
+from treetune_verl.probe.components import ProbeComponents
+from treetune_verl.probe.ground_truth import importance_weighted_entropies, sequence_entropy_stats
+
+PROMPT, RESPONSE, VOCAB, GROUPS, N = 3, 4, 32, 4, 2
+LENGTHS = [4, 2, 3, 4, 1, 4, 2, 3]  # row k belongs to group k // N
+SETTINGS = ForecastSettings(probe={"estimator": {"baseline": {"mode": "none"}}})  # order-free: ranks see other orders
+LR, WEIGHT_DECAY, GRAD_CLIP = 3e-3, 0.01, 0.05
+
+
+def _model() -> torch.nn.Module:
+    return tiny_causal_lm("qwen2", VOCAB, 16, lm_head_std=0.5, pad_token_id=0, bos_token_id=None, eos_token_id=1)
+
+
+def _data(seed: int) -> DataProto:
+    """GROUPS prompts x N responses; GRPO-like advantages (one value per row, opposite within a group)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = GROUPS * N
+    prompts = torch.randint(2, VOCAB, (GROUPS, PROMPT), generator=gen).repeat_interleave(N, dim=0)
+    responses = torch.randint(2, VOCAB, (rows, RESPONSE), generator=gen)
+    response_mask = (torch.arange(RESPONSE)[None, :] < torch.tensor(LENGTHS)[:, None]).to(torch.int64)
+    responses = responses * response_mask  # pad id 0 after the response
+    input_ids = torch.cat([prompts, responses], dim=1)
+    attention_mask = torch.cat([torch.ones(rows, PROMPT, dtype=torch.int64), response_mask], dim=1)
+    sign = torch.tensor([1.0, -1.0]).repeat(GROUPS) * (1 + torch.rand(rows, generator=gen))
+    tensors = {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
+        "responses": responses,
+        "response_mask": response_mask,
+        "advantages": sign[:, None] * response_mask,
+        "old_log_probs": torch.zeros(rows, RESPONSE),
+    }
+    uid = np.array([f"g{k // N}-{seed}" for k in range(rows)], dtype=object)
+    return DataProto.from_dict(
+        tensors=tensors, non_tensors={"uid": uid}, meta_info={"temperature": 1.0, "pad_token_id": 0}
+    )
+
+
+def _config(mini: int, epochs: int = 1) -> FSDPActorConfig:
+    return FSDPActorConfig(
+        strategy="fsdp2",
+        ppo_mini_batch_size=mini,
+        ppo_micro_batch_size_per_gpu=2,
+        loss_agg_mode="seq-mean-token-mean",  # per-rank means of equal row counts average to the global mean
+        entropy_coeff=0.0,
+        use_kl_loss=False,
+        ppo_epochs=epochs,
+        rollout_n=N,
+        use_torch_compile=False,
+        use_remove_padding=False,
+        grad_clip=GRAD_CLIP,
+        fsdp_config=FSDPEngineConfig(dtype="float32"),
+    )
+
+
+def _optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+
+
+def _full(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {
+        name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+        for name, p in model.named_parameters()
+    }
+
+
+def _rank_rows(data: DataProto, rank: int, world: int) -> DataProto:
+    return data.select_idxs(list(range(rank, len(data), world)))  # world 2: every group split over the ranks
+
+
+def _run(rank: int, world: int, store: str, out_dir: str, mini_rows: int) -> None:
+    """FSDP2 actor: one plain update (AdamW state), then a forecast update; metrics and the real Δθ norm saved."""
+    from torch.distributed.fsdp import fully_shard
+
+    timeout = datetime.timedelta(seconds=120)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world, timeout=timeout)
+    try:
+        model = _model().train()
+        for layer in model.model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+        actor = DataParallelPPOActor(_config(mini_rows // world), model, _optimizer(model))
+        actor.update_policy(_rank_rows(_data(seed=1), rank, world))
+        before = _full(model)
+        data = _rank_rows(_data(seed=2), rank, world)
+        update = original_of(DataParallelPPOActor.update_policy)
+        state = ForecastState()
+        verl_metrics, metrics = forecast_update(actor, data, SETTINGS, state, N, [1], lambda: update(actor, data))
+        after = _full(model)
+        step_norm = math.sqrt(sum(float((after[n].double() - before[n].double()).pow(2).sum()) for n in before))
+        result = {"metrics": metrics, "verl": verl_metrics, "real_step_norm": step_norm, "E": state.last_eval}
+        torch.save(result, Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _ranks(world: int, tmp_path: Path, mini_rows: int) -> list[dict]:
+    """One rank in this process (its process group destroyed after), two in spawned processes."""
+    args = (world, str(tmp_path / "store"), str(tmp_path), mini_rows)
+    if world == 1:
+        _run(0, *args)
+    else:
+        torch.multiprocessing.spawn(_run, args=args, nprocs=world)
+    return [torch.load(tmp_path / f"rank{rank}.pt", weights_only=False) for rank in range(world)]
+
+
+def _reference(E: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Plain model, verl's actor without FSDP: the real step's Δθ, X per prompt of E from the probe, realised change."""
+    model = _model().train()
+    actor = DataParallelPPOActor(_config(GROUPS * N), model, _optimizer(model))
+    update = original_of(DataParallelPPOActor.update_policy)
+    update(actor, _data(seed=1))
+    data = _data(seed=2)
+    B = E["sequences"].shape[0]
+    probe_model = copy.deepcopy(model)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    update(actor, data)
+    step = {n: p.detach().double() - before[n].double() for n, p in model.named_parameters()}
+    out = {"step_norm": math.sqrt(sum(float(t.pow(2).sum()) for t in step.values()))}
+    for estimator in SETTINGS.estimators:
+        components = ProbeComponents(probe_model, SETTINGS.probe_config(estimator, 1.0))
+        dots = []
+        for i in range(B):
+            buffer, _ = components.accumulate_sum_X({k: v[i : i + 1] for k, v in E.items()}, 1)
+            dots.append(ProbeComponents.dot_param_buffers({n: buffer[n].double() for n in step}, step))
+        out[f"deltaH1/{estimator}"] = float(np.mean(dots))
+    components = ProbeComponents(probe_model, SETTINGS.probe_config("rb_residual", 1.0))
+    stats_before = sequence_entropy_stats(components, E, 1)
+    probe_model.load_state_dict(model.state_dict())
+    stats_after = sequence_entropy_stats(components, E, 1, allow_zero_probability=True)
+    h0, h1, _ = importance_weighted_entropies(*stats_before, *stats_after)
+    out["deltaH_realised"] = float(((h1 - h0) / RESPONSE).mean())
+    return out
+
+
+def _joined(batches: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The ranks' E shares as one probe batch (token lists read back from the layout of ``probe/batch.py``)."""
+    prompts, responses = [], []
+    for E in batches:
+        seq, mask = E["sequences"], E["attention_masks"].bool()
+        for b in range(seq.shape[0]):
+            start = int(mask[b, 0].long().argmax())
+            P = start + int(E["prompt_lens"][b])
+            prompts.append(seq[b, 0, start:P].tolist())
+            responses.append([seq[b, g, P:][mask[b, g, P:]].tolist() for g in range(seq.shape[1])])
+    B = len(prompts)
+    return make_probe_batch(prompts, responses, torch.zeros(B, N), 0, [RESPONSE] * B)
+
+
+def _with_rank_zero(fn, *args):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(dist, "get_rank", lambda *a, **k: 0)  # dp_actor prints the rank
+        return fn(*args)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_fsdp2_forecast_matches_the_plain_reference(tmp_path, world):
+    results = _ranks(world, tmp_path, mini_rows=GROUPS * N)  # one mini-batch: one optimizer step
+    E = _joined([result["E"] for result in results])
+    assert E["sequences"].shape[:2] == (GROUPS, N)  # every prompt once, G = rollout.n fresh responses
+    reference = _with_rank_zero(_reference, E)
+    for result in results:
+        metrics = result["metrics"]
+        assert metrics["probe/optimizer_steps"] == 1 and metrics["probe/eval_prompts"] == GROUPS
+        assert min(result["verl"]["actor/grad_norm"]) > GRAD_CLIP  # verl clipped the step that was forecast
+        assert metrics["probe/step_norm"] == pytest.approx(result["real_step_norm"], rel=1e-4)
+        assert metrics["probe/step_norm"] == pytest.approx(reference["step_norm"], rel=1e-4)
+        for estimator in SETTINGS.estimators:
+            assert metrics[f"probe/deltaH1/{estimator}"] == pytest.approx(reference[f"deltaH1/{estimator}"], rel=1e-3)
+            assert metrics[f"probe/deltaH1_se/{estimator}"] > 0
+        assert metrics["probe/deltaH_realised"] == pytest.approx(reference["deltaH_realised"], rel=1e-3, abs=1e-7)
+        assert metrics["probe/deltaH_realised_first_step"] == metrics["probe/deltaH_realised"]
+        assert metrics["timing_s/probe"] > 0 and metrics["probe/update_s"] > 0
+        assert "actor/pg_loss" in result["verl"]  # verl's own metrics pass through
+    if world == 2:  # the metrics the trainer averages over ranks are the same on both
+        assert results[0]["metrics"]["probe/deltaH1/naive"] == pytest.approx(
+            results[1]["metrics"]["probe/deltaH1/naive"]
+        )
+    print({key: value for key, value in results[0]["metrics"].items() if "deltaH" in key})
+
+
+def test_an_update_of_two_optimizer_steps_reports_the_first_step_and_the_whole_update(tmp_path):
+    (result,) = _ranks(1, tmp_path, mini_rows=GROUPS * N // 2)  # two mini-batches: two optimizer steps
+    metrics = result["metrics"]
+    assert metrics["probe/optimizer_steps"] == 2
+    first, whole = metrics["probe/deltaH_realised_first_step"], metrics["probe/deltaH_realised"]
+    assert math.isfinite(first) and math.isfinite(whole) and first != whole
+    assert result["real_step_norm"] > metrics["probe/step_norm"] > 0  # the forecast is of the first step only

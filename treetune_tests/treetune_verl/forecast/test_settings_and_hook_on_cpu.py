@@ -1,0 +1,194 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""The forecast's config (the Hydra block composed with verl 0.7.1's ``ppo_trainer``, refusals naming the key), its
+worker patch (guards, idempotence, every-k schedule), E's prompts from a ``DataProto``, and the PNG plot."""
+
+from __future__ import annotations
+
+import json
+import os
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import verl
+from omegaconf import OmegaConf
+from verl import DataProto
+from verl.workers.fsdp_workers import ActorRolloutRefWorker
+
+from treetune_verl.forecast import live, worker_hook
+from treetune_verl.forecast.plot import plot_forecast, read_forecasts
+from treetune_verl.forecast.settings import SECTION, ForecastSettings, forecast_settings
+from treetune_verl.forecast.verl_batch import eval_prompts
+from treetune_verl.patching import is_patched, original_of
+from treetune_verl.verl_guard import UnsupportedVerlError
+
+BLOCK = ["hydra.searchpath=[pkg://treetune_verl.config]", "+treetune_forecast=entropy_forecast"]
+
+
+def _compose(overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+
+    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        return compose("ppo_trainer", overrides=overrides)
+
+
+def test_block_composes_alone_and_after_the_rollout_entropy_block():
+    alone = _compose(BLOCK).actor_rollout_ref
+    assert alone.model.external_lib == "treetune_verl.forecast.actor_setup"
+    assert forecast_settings(alone.rollout) == ForecastSettings()
+    both = _compose(
+        [BLOCK[0], "+treetune=rollout_entropy", BLOCK[1], "actor_rollout_ref.rollout.custom.entropy_forecast.every=3"]
+    ).actor_rollout_ref.rollout
+    assert "entropy" in both.custom and forecast_settings(both).every == 3
+    assert forecast_settings(_compose([]).actor_rollout_ref.rollout) is None  # off without the block
+
+
+@pytest.mark.parametrize(
+    ("section", "key"),
+    [
+        ({"every": 0}, "every"),
+        ({"every": True}, "every"),
+        ({"estimators": ["naive", "exact"]}, "estimators"),
+        ({"estimators": []}, "estimators"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"seed": -1}, "seed"),
+        ({"probe": {"probe": {"buffers_dtype": "int8"}}}, "probe"),
+        ({"probe": {"no_such": 1}}, "probe"),
+        ({"evry": 2}, "unknown keys"),
+    ],
+)
+def test_bad_settings_are_refused_naming_the_key(section, key):
+    with pytest.raises(ValueError, match=f"{SECTION}.*{key}" if key != "unknown keys" else "unknown keys"):
+        forecast_settings({"custom": {"entropy_forecast": section}})
+
+
+def test_probe_settings_reach_the_probe_config():
+    settings = forecast_settings(
+        OmegaConf.create(
+            {"custom": {"entropy_forecast": {"top_p": 0.9, "probe": {"estimator": {"baseline": {"mode": "none"}}}}}}
+        )
+    )
+    config = settings.probe_config("naive", 0.7)
+    assert config.generation.temperature == 0.7 and config.generation.top_p == 0.9
+    assert config.estimator.x_estimator_mode == "naive" and config.estimator.baseline.mode == "none"
+
+
+@pytest.fixture
+def upstream(monkeypatch):
+    monkeypatch.setattr(ActorRolloutRefWorker, "update_actor", original_of(ActorRolloutRefWorker.update_actor))
+
+
+def test_install_is_idempotent_and_keeps_verls_dispatch_attributes(upstream):
+    from verl.single_controller.base.decorator import MAGIC_ATTR
+
+    worker_hook.install()
+    first = ActorRolloutRefWorker.update_actor
+    worker_hook.install()
+    assert ActorRolloutRefWorker.update_actor is first and is_patched(ActorRolloutRefWorker, "update_actor")
+    assert getattr(first, MAGIC_ATTR) == getattr(original_of(first), MAGIC_ATTR)
+
+
+def test_install_refuses_another_verl_or_a_changed_signature(upstream, monkeypatch):
+    monkeypatch.setattr(verl, "__version__", "0.8.0")
+    with pytest.raises(UnsupportedVerlError, match="0.7.1"):
+        worker_hook.install()
+    monkeypatch.setattr(verl, "__version__", "0.7.1")
+
+    def update_actor(self, data, epoch=0):
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(ActorRolloutRefWorker, "update_actor", update_actor)
+    with pytest.raises(UnsupportedVerlError, match="update_actor"):
+        worker_hook.install()
+    assert not is_patched(ActorRolloutRefWorker, "update_actor")
+
+
+def test_the_hook_forecasts_every_kth_update_and_passes_the_others_through(monkeypatch):
+    forecasts = []
+
+    def fake_forecast(actor, data, settings, state, rollout_n, eos_token_ids, update):
+        forecasts.append((state.calls, rollout_n, eos_token_ids))
+        return update(), {"probe/deltaH1/naive": 0.5}
+
+    monkeypatch.setattr(worker_hook, "forecast_update", fake_forecast)
+
+    class Actor:
+        def update_policy(self, data):
+            return {"actor/pg_loss": 1.0}
+
+    def verl_update_actor(self, data):  # stands in for verl's: calls the actor's update_policy on the instance
+        return self.actor.update_policy(data)
+
+    worker = SimpleNamespace(
+        actor=Actor(),
+        config=OmegaConf.create({"rollout": {"n": 2, "custom": {"entropy_forecast": {"every": 2}}}}),
+        tokenizer=SimpleNamespace(pad_token_id=0, eos_token_id=7),
+        generation_config=SimpleNamespace(eos_token_id=[5, 6]),
+    )
+    hooked = worker_hook._wrap_update_actor(verl_update_actor)
+    outputs = [hooked(worker, SimpleNamespace(meta_info={})) for _ in range(5)]
+    assert [c for c, _, _ in forecasts] == [1, 3, 5] and forecasts[0][1:] == (2, [5, 6])
+    assert outputs[0] == {"actor/pg_loss": 1.0, "probe/deltaH1/naive": 0.5} and outputs[1] == {"actor/pg_loss": 1.0}
+    assert "update_policy" not in vars(worker.actor)  # the per-call instance attribute is gone
+    worker.config = OmegaConf.create({"rollout": {"n": 2, "custom": None}})
+    assert hooked(worker, SimpleNamespace(meta_info={})) == {"actor/pg_loss": 1.0} and len(forecasts) == 3
+
+
+def _rows(uids: list[str], prompts: list[list[int]]) -> DataProto:
+    R = 2
+    P = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), P + R, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, P - len(p) : P] = torch.tensor(p)
+        mask[i, P - len(p) :] = 1
+        ids[i, P:] = 9
+    batch = {"input_ids": ids, "attention_mask": mask, "responses": ids[:, P:], "response_mask": mask[:, P:]}
+    return DataProto.from_dict(batch, non_tensors={"uid": np.array(uids, dtype=object)})
+
+
+def test_eval_prompts_are_the_distinct_prompts_without_padding():
+    data = _rows(["b", "a", "b", "a"], [[4, 5], [3], [4, 5], [3]])
+    prompts = eval_prompts(data)
+    assert prompts.prompt_ids == [[3], [4, 5]] and prompts.total == 2 and prompts.left_out == 0
+    data.non_tensor_batch.pop("uid")
+    with pytest.raises(ValueError, match="uid"):
+        eval_prompts(data)
+
+
+def test_fsdp1_is_refused():
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    model = FullyShardedDataParallel.__new__(FullyShardedDataParallel)
+    with pytest.raises(NotImplementedError, match="strategy=fsdp2"):
+        live._check_model(model)
+
+
+def test_plot_of_the_probed_steps(tmp_path):
+    records = [
+        {
+            "step": 1,
+            "data": {
+                "probe/deltaH1/naive": -0.01,
+                "probe/deltaH1_se/naive": 0.002,
+                "probe/deltaH1/rb_residual": -0.012,
+                "probe/deltaH_realised": -0.011,
+            },
+        },
+        {"step": 2, "data": {"actor/pg_loss": 0.1}},
+        {
+            "step": 3,
+            "data": {"probe/deltaH1/naive": 0.02, "probe/deltaH1/rb_residual": 0.015, "probe/deltaH_realised": 0.018},
+        },
+    ]
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    assert [s["step"] for s in read_forecasts(metrics)] == [1, 3]
+    png = plot_forecast(metrics)
+    assert png == tmp_path / "entropy_forecast.png" and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    metrics.write_text(json.dumps(records[1]) + "\n")
+    with pytest.raises(ValueError, match="no step"):
+        plot_forecast(metrics)

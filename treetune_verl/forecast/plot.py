@@ -1,0 +1,82 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""Forecast vs realised entropy change over training steps, from verl's ``metrics.jsonl``, as a PNG (matplotlib, Agg).
+
+verl's file logger (``VERL_FILE_LOGGER_PATH``) writes one JSON object per step, ``{"step": n, "data": {...}}``; the
+probed steps carry ``probe/deltaH1/<estimator>`` (with ``probe/deltaH1_se/<estimator>``, drawn as ±1 standard error)
+and ``probe/deltaH_realised``.
+
+    python -m treetune_verl.forecast.plot outputs/e2e/metrics.jsonl            # writes outputs/e2e/entropy_forecast.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from treetune_verl.forecast.settings import ESTIMATORS
+
+REALISED = "probe/deltaH_realised"
+PLOT_NAME = "entropy_forecast.png"
+
+
+def read_forecasts(metrics_jsonl: Path) -> list[dict[str, float]]:
+    """The probed steps, in order: ``{"step": n, **the step's probe/* metrics}``."""
+    steps = []
+    for line in Path(metrics_jsonl).read_text().splitlines():
+        if not line.strip():
+            continue
+        record = json.loads(line)
+        data = record.get("data", {})
+        if REALISED in data:
+            steps.append({"step": record["step"], **{k: v for k, v in data.items() if k.startswith("probe/")}})
+    return steps
+
+
+def plot_forecast(metrics_jsonl: Path, out_png: Path | None = None) -> Path:
+    """Write the plot next to ``metrics_jsonl`` (or to ``out_png``); returns its path.
+
+    Raises:
+        ValueError: no probed step in the file.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = read_forecasts(metrics_jsonl)
+    if not steps:
+        raise ValueError(f"{metrics_jsonl}: no step with {REALISED} (was the forecast block on?)")
+    out = Path(out_png) if out_png is not None else Path(metrics_jsonl).with_name(PLOT_NAME)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    x = [s["step"] for s in steps]
+    for offset, estimator in zip((-0.08, 0.08), ESTIMATORS, strict=True):
+        key = f"probe/deltaH1/{estimator}"
+        points = [(s["step"] + offset, s[key], s.get(f"probe/deltaH1_se/{estimator}", 0.0)) for s in steps if key in s]
+        if points:
+            px, py, pe = zip(*points, strict=True)
+            ax.errorbar(px, py, yerr=pe, fmt="o", capsize=3, label=f"forecast ΔH₁ ({estimator}) ± 1 s.e.")
+    ax.plot(x, [s[REALISED] for s in steps], "k*-", markersize=10, label="realised ΔH (importance-weighted)")
+    ax.axhline(0.0, color="grey", linewidth=0.8)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("entropy change (nats per budget token)")
+    ax.set_title("Entropy forecast vs realised change per actor update")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("metrics", type=Path, help="verl's metrics.jsonl")
+    parser.add_argument("--out", type=Path, default=None, help=f"PNG path (default: {PLOT_NAME} next to the metrics)")
+    args = parser.parse_args(argv)
+    print(plot_forecast(args.metrics, args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
