@@ -11,7 +11,6 @@ re-reads them: one optimizer step per update (so the realised change of the upda
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
@@ -19,7 +18,6 @@ import torch
 from treetune_tests.e2e.check_metrics import FORECAST_KEYS, GRAD_NORM, read_steps, training_steps
 from treetune_tests.e2e.script import REPO_ROOT, run_script
 
-RUN_ENV = "TREETUNE_RUN_FORECAST_E2E"  # not in the default test run (see the skip below)
 WORKDIR = REPO_ROOT / "outputs" / "e2e-test-forecast"
 
 
@@ -36,9 +34,6 @@ def test_forecast_arguments(tiny_model_dir, tmp_path):
 @pytest.mark.slow
 @pytest.mark.e2e
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU variant; on a GPU run the script directly")
-@pytest.mark.skipif(
-    os.environ.get(RUN_ENV) != "1", reason=f"about 4 min on 2 cores, over the CI budget of the e2e tests: {RUN_ENV}=1"
-)
 def test_grpo_with_the_entropy_forecast_logs_forecast_and_outcome_every_step():
     env = {"E2E_MODEL": "tiny", "E2E_FORECAST": "1", "E2E_STEPS": "2", "E2E_WORKDIR": str(WORKDIR)}
     result = run_script(env, timeout=1500)

@@ -12,7 +12,6 @@ test re-reads them and that every rollout had the agent's 4 messages.
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
@@ -21,7 +20,6 @@ from treetune_tests.e2e.check_metrics import ENTROPY_MEAN, GRAD_NORM, PEARSON, P
 from treetune_tests.e2e.script import REPO_ROOT, run_script
 from treetune_verl.config import CONFIG_DIR
 
-RUN_ENV = "TREETUNE_RUN_MANAGED_E2E"  # not in the default test run (see the skip below)
 WORKDIR = REPO_ROOT / "outputs" / "e2e-test-managed"
 MANAGED_ARGS = (
     "actor_rollout_ref.rollout.agent.default_agent_loop=entropy_managed_agent",
@@ -33,10 +31,6 @@ MANAGED_ARGS = (
 @pytest.mark.slow
 @pytest.mark.e2e
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU variant; on a GPU run the script directly")
-@pytest.mark.skipif(
-    os.environ.get(RUN_ENV) != "1",
-    reason=f"3 min 13 s on 2 cores, over the CI budget of the managed tests: {RUN_ENV}=1",
-)
 def test_grpo_with_managed_agent_trains_every_step():
     env = {"E2E_MODEL": "tiny", "E2E_STEPS": "2", "E2E_WORKDIR": str(WORKDIR)}
     result = run_script(env, *MANAGED_ARGS, timeout=1200)
