@@ -44,3 +44,12 @@ def check_signature(fn: Callable[..., Any], expected: Sequence[str], where: str)
             f"verl {where} has signature {found}, expected {tuple(expected)} (verl "
             f"{', '.join(SUPPORTED_VERL_VERSIONS)}): the treetune patch for it would be wrong. Install verl==0.7.1."
         )
+
+
+def undecorated(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The function under verl's ``GPUMemoryLogger`` decorator (``verl/utils/profiler``), which hides its signature
+    (no ``functools.wraps``): what ``check_signature`` must look at; any other function as it is."""
+    names = getattr(getattr(fn, "__code__", None), "co_freevars", ())
+    if "decorated_function" in names:
+        return fn.__closure__[names.index("decorated_function")].cell_contents
+    return fn

@@ -73,7 +73,10 @@ KEPT_ENTROPY, DROPPED_ENTROPY = "pg_token_mask/entropy_kept_mean", "pg_token_mas
 FORECAST_KEYS = (
     "probe/deltaH1/naive",
     "probe/deltaH1/rb_residual",
+    "probe/deltaH1_se/naive",
+    "probe/deltaH1_se/rb_residual",
     "probe/deltaH_realised",
+    "probe/deltaH_realised_se",
     "probe/deltaH_realised_first_step",
     "timing_s/probe",
     "probe/cost_ratio",

@@ -13,42 +13,56 @@ mini-batch at θ):
 
     Δθ        = the step verl takes there (its clipping, its optimizer and state): θ′ − θ read from the weights
                 (this rank's shards; the difference of two nearby float32 values is exact)
-    ΔH₁[e]    = mean_b ⟨X_b, Δθ⟩ for each X estimator e (naive, rb_residual) on E at θ (the weights are set back
-                to θ for these passes and to θ′ after them); ``deltaH1_se`` = the standard error over E's prompts
+    ΔH₁[e]    = mean_b ⟨X_b, Δθ⟩ for each X estimator e (naive, rb_residual) on E at θ (``directional.py``): by the
+                chain rule through E's per-token values and a central difference along Δθ, three forwards over E at
+                θ′, θ and θ − Δθ, none with a graph, when the actor computes in float32; below it (bf16 mixed
+                precision) one forward with graph per prompt and one backward per estimator (``settings.method``);
+                ``deltaH1_se`` = the standard error over the prompts
     realised  = Ĥ(θ′) − Ĥ(θ) on E's responses (importance weights with a leave-one-out control variate,
-                ``probe/ground_truth.py``): θ′ after the first optimizer step (``deltaH_realised_first_step``) and
-                after the whole update, all mini-batches and epochs (``deltaH_realised``); identical when the update
-                is one optimizer step (``ppo_mini_batch_size`` = the batch, ``ppo_epochs=1``)
+                ``probe/ground_truth.py``) from the same forwards at θ and θ′ (``deltaH_realised_first_step``), and
+                after the whole update, all mini-batches and epochs (``deltaH_realised``, one more forward when the
+                update took more than one optimizer step)
 
-ΔH₁ uses nothing of θ′ but Δθ, the same Δθ a dry run of the optimizer would give (``probe/optimizer_step.py``), which
-for a 135M-parameter AdamW costs a float64 copy of parameters and state (measured 20-90 s per step on the shared
-2-core machine, more than the update itself); two float32 copies of this rank's shards cost a memcpy each. The
-forecast needs no Y pass: Δθ comes from verl's gradient (PPO clip at ratio 1 on the first mini-batch, its
-aggregation, KL and entropy terms if on). E's samples are independent of U's, so ⟨X̄, Δθ⟩ is unbiased for
-⟨∇H, Δθ⟩ and the importance-weighted realised change is unbiased too (θ′ depends on U only).
+The weights are moved with one copy of this rank's shards (``step_weights.py``) and put back to θ′ bit for bit
+before verl goes on. ΔH₁ uses nothing of θ′ but Δθ, the same Δθ a dry run of the optimizer would give
+(``probe/optimizer_step.py``), which for a 135M-parameter AdamW costs a float64 copy of parameters and state (measured
+20-90 s per step on the shared 2-core machine, more than the update itself). The forecast needs no Y pass: Δθ comes
+from verl's gradient (PPO clip at ratio 1 on the first mini-batch, its aggregation, KL and entropy terms if on). E's
+samples are independent of U's, so ⟨X̄, Δθ⟩ is unbiased for ⟨∇H, Δθ⟩ and the importance-weighted realised change is
+unbiased too (θ′ depends on U only).
 
-FSDP2: Δθ and every inner product are over this rank's shards (``sharding.py``); FSDP averages each backward's gradient over the W
-ranks, so the shard inner products, summed over ranks, give per prompt index i the mean over ranks of
-⟨X_{r,i}, Δθ⟩, whose mean over i is ΔH₁ (every rank holds the same number of prompts).
+FSDP2: Δθ is over this rank's shards (``sharding.py``); every forward sees the whole model (FSDP gathers the shards),
+so each rank's central-difference ⟨X_b, Δθ⟩ is whole for its own prompts, and the mean and standard error are over
+all W·B prompts. A backward's gradient is averaged over the ranks instead, so the backward method's shard inner
+products, summed over ranks, give per prompt index the mean over ranks (standard error over the B indices). Every
+rank holds the same number of prompts and runs the same number of forwards and backwards.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
 
-from treetune_verl.forecast.settings import ForecastSettings
-from treetune_verl.forecast.sharding import is_sharded, local_tensor
+from treetune_verl.forecast.directional import (
+    backward_method,
+    compute_dtype,
+    sequence_sums,
+    token_values,
+    x_directional_derivatives,
+    x_directional_derivatives_by_backward,
+)
+from treetune_verl.forecast.settings import SECTION, ForecastSettings
+from treetune_verl.forecast.sharding import is_sharded, reshard
+from treetune_verl.forecast.step_weights import WeightsAroundStep
 from treetune_verl.forecast.verl_batch import eval_prompts, world
-from treetune_verl.probe.batch import make_probe_batch, validate_probe_batch
+from treetune_verl.probe.batch import make_probe_batch
 from treetune_verl.probe.components import ProbeComponents
-from treetune_verl.probe.ground_truth import importance_weighted_entropies, sequence_entropy_stats
+from treetune_verl.probe.ground_truth import importance_weighted_entropies
 from treetune_verl.probe.mixed_probe import collective_device
 from treetune_verl.probe.sampling import sample_responses
 
@@ -75,80 +89,26 @@ def _check_model(model: torch.nn.Module) -> None:
         )
 
 
-@contextlib.contextmanager
-def weights_at(components: ProbeComponents, weights: dict[str, torch.Tensor]) -> Iterator[None]:
-    """The parameters (this rank's shards) set to ``weights`` inside, and put back as they were on exit."""
-    params = dict(components.named_params)
-    with torch.no_grad():
-        current = {name: local_tensor(params[name]).detach().clone() for name in weights}
-        for name, value in weights.items():
-            local_tensor(params[name]).copy_(value)
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for name, value in current.items():
-                local_tensor(params[name]).copy_(value)
-
-
-def _grad_dot(components: ProbeComponents, step: dict[str, torch.Tensor]) -> float:
-    """⟨.grad, Δθ⟩ over this rank's shards (fp64); parameters without a gradient or a step add nothing."""
-    total = 0.0
-    for name, p in components.named_params:
-        if p.grad is not None and name in step:
-            total += float((local_tensor(p.grad).detach().double() * step[name].double()).sum())
-    return total
-
-
-def x_dots_and_entropies(
-    comps: dict[str, ProbeComponents], E: dict[str, torch.Tensor], step: dict[str, torch.Tensor]
-) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
-    """Per prompt i of E: ⟨X_i, Δθ⟩ for every estimator (``[B]`` fp64 each, this rank's shard), and the sequence
-    log-probabilities and summed entropies ``(S, F)`` (``[B, G]`` fp64) at θ, from one forward per prompt.
-
-    Each prompt's teacher-forced pass (with entropies) feeds every estimator's surrogate loss in turn (one backward
-    each, the graph kept between them), and the same values give the realised change's starting point. With
-    ``residual_mu`` the baseline is read before the batch and updated after it (``ProbeComponents.x_surrogate``).
-    """
-    first = next(iter(comps.values()))
-    B, _, P = validate_probe_batch(E, "E_batch")
-    surrogates = {e: c.x_surrogate(E["sequences"].shape[-1] - P) for e, c in comps.items()}
-    dots = {e: torch.zeros(B, dtype=torch.float64) for e in comps}
-    S_parts, F_parts = [], []
-    for i in range(B):
-        prompt = {key: value[i : i + 1] for key, value in E.items()}
-        for mb, tf in first.teacher_forced_microbatches(prompt, 1, True, "E_batch"):
-            S_parts.append(tf.token_logprobs.detach().double().sum(-1).cpu())
-            F_parts.append(tf.entropies.detach().double().sum(-1).cpu())
-            for j, (estimator, (loss_fn, _)) in enumerate(surrogates.items()):
-                loss_fn({"tf": tf, **mb}).backward(retain_graph=j < len(surrogates) - 1)
-                dots[estimator][i] = _grad_dot(first, step)
-                for p in first.params:
-                    p.grad = None
-    for _, finish in surrogates.values():
-        finish()
-    return dots, (torch.cat(S_parts), torch.cat(F_parts))
-
-
-def _entropy_sums(components: ProbeComponents, E: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(S, F)`` at the current weights; a sampled token that left the nucleus has probability 0."""
-    return sequence_entropy_stats(components, E, 1, allow_zero_probability=True)
-
-
 def realised_change(
     before: tuple[torch.Tensor, torch.Tensor], after: tuple[torch.Tensor, torch.Tensor], budget: torch.Tensor
-) -> tuple[float, float]:
-    """(ΔĤ over all ranks' prompts, Ĥ before), nats per budget token, from ``sequence_entropy_stats`` at θ and θ′."""
+) -> tuple[float, float, float]:
+    """(ΔĤ, its standard error, Ĥ before) over all ranks' prompts, nats per budget token, from ``(S, F)`` at θ and
+    θ′ (``directional.sequence_sums``)."""
     h_before, h_after, _ = importance_weighted_entropies(*before, *after)
-    per_prompt = torch.stack(
-        [
-            ((h_after - h_before) / budget).sum(),
-            (h_before / budget).sum(),
-            torch.tensor(len(budget), dtype=torch.float64),
-        ]
-    )
-    total = _sum_over_ranks(per_prompt.double())
-    return float(total[0] / total[2]), float(total[1] / total[2])
+    change, se = mean_and_se((h_after - h_before) / budget)
+    h, _ = mean_and_se(h_before / budget)
+    return change, se, h
+
+
+def mean_and_se(per_prompt: torch.Tensor) -> tuple[float, float]:
+    """Mean and standard error over all ranks' prompts of a ``[B]`` per-prompt value (SE nan for one prompt)."""
+    x = per_prompt.double()
+    sums = torch.stack([torch.tensor(float(len(x)), dtype=torch.float64), x.sum(), (x * x).sum()])
+    n, total, squares = (float(v) for v in _sum_over_ranks(sums))
+    mean = total / n
+    if n < 2:
+        return mean, float("nan")
+    return mean, math.sqrt(max(squares - n * mean * mean, 0.0) / (n - 1) / n)
 
 
 @dataclass
@@ -164,6 +124,10 @@ class ForecastState:
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, settings: ForecastSettings, temperature: float
     ) -> dict[str, ProbeComponents]:
         if self.temperature != temperature or not self.components:
+            # The sharded parameters (the optimizer's): FSDP2 registers the gathered ones on a module between a
+            # forward and its reshard (the root keeps them after a forward without backward, e.g. verl's
+            # compute_log_prob), and those are freed at the next reshard.
+            reshard(model)
             self.components = {
                 e: ProbeComponents(model, settings.probe_config(e, temperature), optimizer) for e in settings.estimators
             }
@@ -177,7 +141,6 @@ def sample_eval_batch(
     G: int,
     budget: int,
     temperature: float,
-    top_p: float,
     pad_token_id: int,
     eos_token_ids: list[int],
     seed: int,
@@ -188,16 +151,41 @@ def sample_eval_batch(
     """
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     responses, _ = sample_responses(
-        model, prompt_ids, G, temperature, top_p, budget, pad_token_id, eos_token_ids, generator, stop_early=False
+        model, prompt_ids, G, temperature, 1.0, budget, pad_token_id, eos_token_ids, generator, stop_early=False
     )
     B = len(prompt_ids)
     return make_probe_batch(prompt_ids, responses, torch.zeros(B, G), pad_token_id, [budget] * B)
 
 
-def optimizer_steps(actor: Any, rows: int) -> int:
-    """Optimizer steps of verl's ``update_policy`` on ``rows`` rows: one per mini-batch
-    (``data.split(ppo_mini_batch_size)``, also with dynamic batch sizes), repeated ``ppo_epochs`` times."""
-    return math.ceil(rows / int(actor.config.ppo_mini_batch_size)) * int(actor.config.ppo_epochs)
+def _index_mean_and_se(per_index: torch.Tensor) -> tuple[float, float]:
+    """Mean and standard error over the prompt indices of a ``[B]`` value already reduced over ranks."""
+    if len(per_index) < 2:
+        return float(per_index.mean()), float("nan")
+    return float(per_index.mean()), float(per_index.std() / math.sqrt(len(per_index)))
+
+
+def use_backward(method: str, model: torch.nn.Module) -> bool:
+    """Whether ``method`` (the block's ``method``) takes ⟨X_b, Δθ⟩ by backward passes for this model.
+
+    Raises:
+        ValueError: ``central_difference`` on a model that computes below float32.
+    """
+    low_precision = backward_method(model)
+    if method == "central_difference" and low_precision:
+        raise ValueError(
+            f"{SECTION}.method=central_difference: the actor computes in {compute_dtype(model)}, where a step's "
+            "central difference measures rounding flips, not the derivative; use method=auto or backward"
+        )
+    return method == "backward" or (method == "auto" and low_precision)
+
+
+def forward_prompts(actor: Any, G: int, width: int) -> int:
+    """Prompts per forward over E: verl's micro-batch of rows (``ppo_micro_batch_size_per_gpu``, or with dynamic
+    batch sizes ``ppo_max_token_len_per_gpu`` // the row width), G rows per prompt; at least one."""
+    rows = actor.config.ppo_micro_batch_size_per_gpu
+    if not rows:
+        rows = int(actor.config.ppo_max_token_len_per_gpu) // width
+    return max(1, int(rows) // G)
 
 
 def forecast_update(
@@ -214,7 +202,7 @@ def forecast_update(
 
     Args:
         actor: verl's ``DataParallelPPOActor``: ``actor_module`` (FSDP-wrapped model), ``actor_optimizer``,
-            ``config.grad_clip`` / ``ppo_mini_batch_size`` / ``ppo_epochs``.
+            ``config.ppo_micro_batch_size_per_gpu`` (or ``ppo_max_token_len_per_gpu``) for E's forwards.
         data: the ``DataProto`` this rank trains on (``meta_info["temperature"]``, ``non_tensor_batch["uid"]``).
         rollout_n: responses per prompt of E (verl's ``rollout.n``).
         eos_token_ids: end E's sampled responses.
@@ -223,9 +211,9 @@ def forecast_update(
     start = time.perf_counter()
     model, optimizer = actor.actor_module, actor.actor_optimizer
     _check_model(model)
+    by_backward = use_backward(settings.method, model)
     temperature = float(data.meta_info["temperature"])
     comps = state.components_for(model, optimizer, settings, temperature)
-    steps = optimizer_steps(actor, len(data))
     prompts = eval_prompts(data)
     rank, _ = world()
     seed = (settings.seed * 1_000_003 + state.calls) * 1_009 + rank  # fresh, independent samples per step and rank
@@ -235,7 +223,6 @@ def forecast_update(
         rollout_n,
         int(data.batch["responses"].shape[1]),
         temperature,
-        settings.top_p,
         int(data.meta_info.get("pad_token_id", 0)),
         eos_token_ids,
         seed,
@@ -244,31 +231,37 @@ def forecast_update(
     sample_s = time.perf_counter() - start
     first = next(iter(comps.values()))
     sharded = any(is_sharded(p) for p in first.params)
+    mb_prompts = forward_prompts(actor, rollout_n, int(data.batch["input_ids"].shape[1]))
     budget = E["max_lengths"].double()
     metrics: dict[str, float] = {}
     probe_s = 0.0  # the forecast's seconds inside update() (its first optimizer step)
-    before: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    own = vars(actor)
-    had_own_step = "_optimizer_step" in own
-    previous_own_step = own.get("_optimizer_step")
-    verl_step = actor._optimizer_step
+    stats: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # (S, F) of E at θ ("before") and θ′ ("first_step")
 
     def _first_step(verl_step: Callable[[], Any]) -> Any:
-        """verl's first optimizer step, then the forecast of it at the weights it started from."""
-        theta = {name: local_tensor(p).detach().clone() for name, p in first.named_params}  # θ, this rank's shards
-        grad_norm = verl_step()  # verl's clipping and optimizer step: θ -> θ'
-        step = {name: local_tensor(p).detach() - theta[name] for name, p in first.named_params}  # Δθ, exact in fp32
-        step_sq = torch.tensor([sum(float(t.double().pow(2).sum()) for t in step.values())], dtype=torch.float64)
+        """verl's first optimizer step, then the forecast of it from the weights it started at."""
+        weights = WeightsAroundStep(first)  # a copy of θ, this rank's shards
+        grad_norm = verl_step()  # verl's clipping and optimizer step: θ -> θ′
+        plus = token_values(first, E, mb_prompts)  # at θ′ = θ + Δθ
+        try:
+            step_sq = torch.tensor([weights.swap()], dtype=torch.float64)  # parameters at θ
+            if by_backward:
+                dots, at_theta = x_directional_derivatives_by_backward(comps, E, weights.step)
+            else:
+                at_theta = token_values(first, E, mb_prompts)
+                weights.minus_step()
+                minus = token_values(first, E, mb_prompts)
+        finally:
+            weights.restore()  # θ′ exactly, as verl's step left it
+        if not by_backward:
+            dots = x_directional_derivatives(comps, E, at_theta, plus, minus)
         metrics[PREFIX + "step_norm"] = float((_sum_over_ranks(step_sq) if sharded else step_sq).sqrt())
-        with weights_at(first, theta):  # back at θ for X and Ĥ(θ); θ' again afterwards
-            dots, stats_before = x_dots_and_entropies(comps, E, step)
-        before.append(stats_before)
+        stats["before"], stats["first_step"] = sequence_sums(at_theta), sequence_sums(plus)
         for estimator, per_prompt in dots.items():
-            per_prompt = _sum_over_ranks(per_prompt) if sharded else per_prompt
-            metrics[f"{PREFIX}deltaH1/{estimator}"] = float(per_prompt.mean())
-            if per_prompt.numel() > 1:
-                metrics[f"{PREFIX}deltaH1_se/{estimator}"] = float(per_prompt.std() / math.sqrt(per_prompt.numel()))
+            # by backward: this rank's shard sums, whose sum over ranks is per prompt index the mean over ranks
+            mean, se = _index_mean_and_se(_sum_over_ranks(per_prompt)) if by_backward else mean_and_se(per_prompt)
+            metrics[f"{PREFIX}deltaH1/{estimator}"] = mean
+            if math.isfinite(se):
+                metrics[f"{PREFIX}deltaH1_se/{estimator}"] = se
         return grad_norm
 
     calls = 0
@@ -279,21 +272,22 @@ def forecast_update(
         if calls > 1:
             return verl_step()
         start = time.perf_counter()
-        step_start: list[float] = []
+        step_s: list[float] = []
 
         def timed_verl_step() -> Any:
-            step_start.append(time.perf_counter())
+            step_start = time.perf_counter()
             result = verl_step()
-            step_start.append(time.perf_counter())
+            step_s.append(time.perf_counter() - step_start)
             return result
 
         grad_norm = _first_step(timed_verl_step)
-        if steps > 1:
-            change, _ = realised_change(before[0], _entropy_sums(first, E), budget)
-            metrics[PREFIX + "deltaH_realised_first_step"] = change
-        probe_s += time.perf_counter() - start - (step_start[1] - step_start[0])  # verl's own step is the update's
+        probe_s += time.perf_counter() - start - step_s[0]  # verl's own step is the update's
         return grad_norm
 
+    own = vars(actor)
+    had_own_step = "_optimizer_step" in own
+    previous_own_step = own.get("_optimizer_step")
+    verl_step = actor._optimizer_step
     actor._optimizer_step = _optimizer_step
     start = time.perf_counter()
     try:
@@ -310,10 +304,15 @@ def forecast_update(
             "entropy forecast: verl's update took no optimizer step (DataParallelPPOActor._optimizer_step never called)"
         )
     start = time.perf_counter()
-    change, h_before = realised_change(before[0], _entropy_sums(first, E), budget)
+    first_step, first_step_se, _ = realised_change(stats["before"], stats["first_step"], budget)
+    after = stats["first_step"] if calls == 1 else sequence_sums(token_values(first, E, mb_prompts))
+    change, change_se, h_before = realised_change(stats["before"], after, budget)
     probe_s += time.perf_counter() - start
     metrics[PREFIX + "deltaH_realised"] = change
-    metrics.setdefault(PREFIX + "deltaH_realised_first_step", change)
+    metrics[PREFIX + "deltaH_realised_first_step"] = first_step
+    if math.isfinite(change_se):
+        metrics[PREFIX + "deltaH_realised_se"] = change_se
+        metrics[PREFIX + "deltaH_realised_first_step_se"] = first_step_se
     metrics[PREFIX + "H_before"] = h_before
     metrics[PREFIX + "optimizer_steps"] = float(calls)
     metrics[PREFIX + "eval_prompts"] = float(prompts.total - prompts.left_out)

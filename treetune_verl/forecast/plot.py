@@ -4,7 +4,7 @@
 
 verl's file logger (``VERL_FILE_LOGGER_PATH``) writes one JSON object per step, ``{"step": n, "data": {...}}``; the
 probed steps carry ``probe/deltaH1/<estimator>`` (with ``probe/deltaH1_se/<estimator>``, drawn as ±1 standard error)
-and ``probe/deltaH_realised``.
+and ``probe/deltaH_realised`` (with ``probe/deltaH_realised_se``).
 
     python -m treetune_verl.forecast.plot outputs/e2e/metrics.jsonl            # writes outputs/e2e/entropy_forecast.png
 """
@@ -44,6 +44,7 @@ def plot_forecast(metrics_jsonl: Path, out_png: Path | None = None) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     steps = read_forecasts(metrics_jsonl)
     if not steps:
@@ -57,8 +58,18 @@ def plot_forecast(metrics_jsonl: Path, out_png: Path | None = None) -> Path:
         if points:
             px, py, pe = zip(*points, strict=True)
             ax.errorbar(px, py, yerr=pe, fmt="o", capsize=3, label=f"forecast ΔH₁ ({estimator}) ± 1 s.e.")
-    ax.plot(x, [s[REALISED] for s in steps], "k*-", markersize=10, label="realised ΔH (importance-weighted)")
+    realised_se = [s.get(REALISED + "_se", 0.0) for s in steps]
+    ax.errorbar(
+        x,
+        [s[REALISED] for s in steps],
+        yerr=realised_se,
+        fmt="k*-",
+        markersize=10,
+        capsize=3,
+        label="realised ΔH (importance-weighted) ± 1 s.e.",
+    )
     ax.axhline(0.0, color="grey", linewidth=0.8)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("training step")
     ax.set_ylabel("entropy change (nats per budget token)")
     ax.set_title("Entropy forecast vs realised change per actor update")

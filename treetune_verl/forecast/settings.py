@@ -7,12 +7,17 @@ the actor worker holds the whole ``actor_rollout_ref`` section, so it reads the 
 
     every: int >= 1          forecast the update of every k-th ``update_actor`` call of this worker (1, 1+k, ...)
     estimators: list         X estimators, a non-empty subset of [naive, rb_residual] (naive needs rollout.n >= 2)
-    top_p: float             the rollout's nucleus (verl's actor assumes 1.0; the probe's policy must match sampling)
     seed: int                seeds E's sampling (with the step and the rank)
+    method: str              how ⟨X_b, Δθ⟩ is taken (``directional.py``): ``auto`` (central differences of three
+                             forwards when the actor computes in float32, backward passes below it, e.g. bf16 mixed
+                             precision), ``central_difference`` (refused below float32) or ``backward``
     probe: dict              a partial probe config (``treetune_verl/probe/config/probe.yaml``: ``estimator.*``,
                              ``probe.buffers_dtype``...), merged and validated by the probe's ``resolve_config``
 
 A section that is absent or null turns the forecast off; anything else wrong raises ``ValueError`` naming the key.
+E is sampled from, and its entropy is that of, the actor's policy at the rollout's temperature over the whole
+vocabulary (top-p = 1), the policy verl's actor computes its log-probabilities and ``actor/entropy`` with: the
+forecast's directional derivatives (``directional.py``) need it differentiable, which a nucleus cut is not.
 """
 
 from __future__ import annotations
@@ -28,22 +33,23 @@ from treetune_verl.probe.config import resolve_config
 
 SECTION = "actor_rollout_ref.rollout.custom.entropy_forecast"
 ESTIMATORS = ("naive", "rb_residual")
-_KEYS = {"every", "estimators", "top_p", "seed", "probe"}
+METHODS = ("auto", "central_difference", "backward")
+_KEYS = {"every", "estimators", "seed", "method", "probe"}
 
 
 @dataclass(frozen=True)
 class ForecastSettings:
     every: int = 1
     estimators: tuple[str, ...] = ESTIMATORS
-    top_p: float = 1.0
     seed: int = 0
+    method: str = "auto"
     probe: dict[str, Any] = field(default_factory=dict)
 
     def probe_config(self, estimator: str, temperature: float) -> DictConfig:
-        """The probe's resolved config for one X estimator under the rollout's policy (temperature, top_p)."""
+        """The probe's resolved config for one X estimator under the actor's policy (temperature, top-p = 1)."""
         overrides = OmegaConf.merge(
             OmegaConf.create(self.probe),
-            {"generation": {"temperature": temperature, "top_p": self.top_p}},
+            {"generation": {"temperature": temperature, "top_p": 1.0}},
             {"estimator": {"x_estimator_mode": estimator}, "probe": {"preconditioner": "optimizer"}},
         )
         return resolve_config(overrides)
@@ -72,6 +78,11 @@ def forecast_settings(rollout_config: Any) -> ForecastSettings | None:
         return None
     if not isinstance(section, Mapping):
         raise ValueError(f"{SECTION} must be a mapping of {sorted(_KEYS)}, got {section!r}")
+    if "top_p" in section:
+        raise ValueError(
+            f"{SECTION}.top_p: not a key (any more): E is sampled at top-p = 1, the policy verl's actor computes its "
+            "log-probabilities with; the forecast's directional derivatives need a differentiable policy"
+        )
     unknown = sorted(set(section) - _KEYS)
     if unknown:
         raise ValueError(f"{SECTION}: unknown keys {unknown} (known: {sorted(_KEYS)})")
@@ -88,16 +99,16 @@ def forecast_settings(rollout_config: Any) -> ForecastSettings | None:
         raise ValueError(
             f"{SECTION}.estimators must be a non-empty list of distinct {list(ESTIMATORS)}, got {estimators!r}"
         )
-    top_p = section.get("top_p", 1.0)
-    if isinstance(top_p, bool) or not isinstance(top_p, int | float) or not 0 < top_p <= 1:
-        raise ValueError(f"{SECTION}.top_p must be in (0, 1], got {top_p!r}")
     seed = section.get("seed", 0)
     if not is_int(seed) or seed < 0:
         raise ValueError(f"{SECTION}.seed must be an integer >= 0, got {seed!r}")
+    method = section.get("method", "auto")
+    if method not in METHODS:
+        raise ValueError(f"{SECTION}.method must be one of {list(METHODS)}, got {method!r}")
     probe = _plain(section.get("probe")) or {}
     if not isinstance(probe, Mapping):
         raise ValueError(f"{SECTION}.probe must be a mapping (a partial probe config), got {probe!r}")
-    settings = ForecastSettings(int(every), tuple(estimators), float(top_p), int(seed), dict(probe))
+    settings = ForecastSettings(int(every), tuple(estimators), int(seed), str(method), dict(probe))
     for estimator in settings.estimators:
         try:
             settings.probe_config(estimator, 1.0)

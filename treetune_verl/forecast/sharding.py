@@ -26,3 +26,18 @@ def is_sharded(tensor: torch.Tensor) -> bool:
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """The local shard of a ``DTensor``; any other tensor unchanged."""
     return tensor.to_local() if is_sharded(tensor) else tensor
+
+
+def reshard(model: torch.nn.Module) -> None:
+    """Free every FSDP2 module's gathered (unsharded) parameters, so that the next forward gathers the shards again.
+
+    Needed before writing into the shards between forwards without a backward: FSDP2 keeps the root module's
+    parameters gathered after a forward (it expects the backward next), and a later forward reuses them as they are
+    (``FSDPParamGroup.unshard`` is a no-op when unsharded), i.e. the weights from before the write. Local, no
+    collective; a no-op for a module without FSDP2.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()

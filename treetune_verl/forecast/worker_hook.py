@@ -26,7 +26,7 @@ from typing import Any
 from treetune_verl.forecast.live import ForecastState, forecast_update
 from treetune_verl.forecast.settings import forecast_settings
 from treetune_verl.patching import original_of, replace_attr
-from treetune_verl.verl_guard import check_signature, require_verl
+from treetune_verl.verl_guard import check_signature, require_verl, undecorated
 
 UPDATE_ACTOR_PARAMS = ("self", "data")
 UPDATE_POLICY_PARAMS = ("self", "data")
@@ -80,14 +80,8 @@ def install() -> None:
         original_of(ActorRolloutRefWorker.update_actor), UPDATE_ACTOR_PARAMS, "ActorRolloutRefWorker.update_actor"
     )
     check_signature(
-        _undecorated(original_of(DataParallelPPOActor.update_policy)),
+        undecorated(original_of(DataParallelPPOActor.update_policy)),
         UPDATE_POLICY_PARAMS,
         "DataParallelPPOActor.update_policy",
     )
     replace_attr(ActorRolloutRefWorker, "update_actor", _wrap_update_actor)
-
-
-def _undecorated(fn: Callable[..., Any]) -> Callable[..., Any]:
-    from treetune_verl.ppo.loss_aggregation import _undecorated as undecorated
-
-    return undecorated(fn)

@@ -57,7 +57,7 @@ from typing import Any
 import torch
 
 from treetune_verl.patching import original_of, replace_attr
-from treetune_verl.verl_guard import check_signature, require_verl
+from treetune_verl.verl_guard import check_signature, require_verl, undecorated
 
 __all__ = ["ABORTED_KEY", "install", "mini_batch_counts"]
 
@@ -229,14 +229,6 @@ def _wrap_update_policy(original: Callable[..., Any]) -> Callable[..., Any]:
     return update_policy
 
 
-def _undecorated(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """The function under verl's ``GPUMemoryLogger`` decorator, which hides its signature (no functools.wraps)."""
-    names = getattr(getattr(fn, "__code__", None), "co_freevars", ())
-    if "decorated_function" in names:
-        return fn.__closure__[names.index("decorated_function")].cell_contents
-    return fn
-
-
 def install() -> None:
     """Install the three patches in this process (idempotent); a worker does it by importing ``actor_setup``.
 
@@ -251,7 +243,7 @@ def install() -> None:
     check_signature(core_algos.agg_loss, AGG_LOSS_PARAMS, "core_algos.agg_loss")
     check_signature(dp_actor.agg_loss, AGG_LOSS_PARAMS, "dp_actor.agg_loss")
     check_signature(
-        _undecorated(original_of(actor.update_policy)), UPDATE_POLICY_PARAMS, "DataParallelPPOActor.update_policy"
+        undecorated(original_of(actor.update_policy)), UPDATE_POLICY_PARAMS, "DataParallelPPOActor.update_policy"
     )
     check_signature(actor._optimizer_step, OPTIMIZER_STEP_PARAMS, "DataParallelPPOActor._optimizer_step")
     replace_attr(core_algos, "agg_loss", _wrap_agg_loss)

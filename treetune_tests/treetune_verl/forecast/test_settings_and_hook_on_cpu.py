@@ -53,8 +53,9 @@ def test_block_composes_alone_and_after_the_rollout_entropy_block():
         ({"every": True}, "every"),
         ({"estimators": ["naive", "exact"]}, "estimators"),
         ({"estimators": []}, "estimators"),
-        ({"top_p": 1.5}, "top_p"),
+        ({"top_p": 0.9}, "top_p"),  # E is sampled at top-p = 1 (the forecast differentiates the policy)
         ({"seed": -1}, "seed"),
+        ({"method": "forward"}, "method"),
         ({"probe": {"probe": {"buffers_dtype": "int8"}}}, "probe"),
         ({"probe": {"no_such": 1}}, "probe"),
         ({"evry": 2}, "unknown keys"),
@@ -68,11 +69,17 @@ def test_bad_settings_are_refused_naming_the_key(section, key):
 def test_probe_settings_reach_the_probe_config():
     settings = forecast_settings(
         OmegaConf.create(
-            {"custom": {"entropy_forecast": {"top_p": 0.9, "probe": {"estimator": {"baseline": {"mode": "none"}}}}}}
+            {
+                "custom": {
+                    "entropy_forecast": {
+                        "probe": {"estimator": {"baseline": {"mode": "none"}}, "generation": {"top_p": 0.9}}
+                    }
+                }
+            }
         )
     )
     config = settings.probe_config("naive", 0.7)
-    assert config.generation.temperature == 0.7 and config.generation.top_p == 0.9
+    assert config.generation.temperature == 0.7 and config.generation.top_p == 1.0  # the actor's policy wins
     assert config.estimator.x_estimator_mode == "naive" and config.estimator.baseline.mode == "none"
 
 
