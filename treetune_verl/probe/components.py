@@ -236,6 +236,22 @@ class ProbeComponents:
         self.last_timing = {"X_s": time.perf_counter() - start}
         return buf, B
 
+    @torch.no_grad()
+    def warm_baseline(self, batch: dict[str, torch.Tensor], mb_size_prompts: int, name: str = "batch") -> bool:
+        """Fold ``batch``'s residuals into the ``residual_mu`` baseline as ``accumulate_sum_X`` would, without X
+        (one forward with entropies per microbatch, no graph); returns whether there was such a baseline.
+
+        For a batch independent of every E the baseline is then applied to: μ stays free of the sample it meets.
+        """
+        if self.x_mode != "rb_residual" or self.baseline_mode != "residual_mu":
+            return False
+        _, _, P = validate_probe_batch(batch, name)
+        loss_fn, finish = self.x_surrogate(batch["sequences"].shape[-1] - P)
+        for mb, tf in self.teacher_forced_microbatches(batch, mb_size_prompts, True, name):
+            loss_fn({"tf": tf, **mb})
+        finish()
+        return True
+
     def accumulate_sum_Y(self, U_batch: dict[str, torch.Tensor], mb_size_prompts: int) -> tuple[ParamBuffer, int]:
         """Σ over U's prompts of Y_b = ∇ mean_g (A/L_max)·S (the Dr.GRPO objective's gradient); ``(buffer, B_U)``.
 

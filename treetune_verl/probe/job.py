@@ -4,7 +4,9 @@
 
 Per run: one U batch (Y and the real step; a fresh one per repeat with ``run.resample_U``), ``run.repeats`` fresh
 E batches, X per estimator per E batch, one ground-truth step measured on every E batch, and the covariance estimate
-of Cui et al. on U. With a fixed U the spread of ΔH₁ over repeats is the spread of the X estimator alone.
+of Cui et al. on U. With a fixed U the spread of ΔH₁ over repeats is the spread of the X estimator alone. The
+``residual_mu`` baseline starts from U's residuals (one forward, independent of every E), so repeat 0 does not run
+with μ = 0.
 Prints a table and writes ``<run.output_dir>/probe_results.json``.
 
 This module only wires the pieces together: ``model_loading`` → ``optimizers`` (build, state warm-up) →
@@ -81,6 +83,11 @@ def run_probe_job(config: DictConfig | dict | None) -> dict[str, Any]:
     bar.set_postfix_str("sampling")
     U_batches = [timed_sample(B_U) for _ in range(n_U)]
     E_batches = [timed_sample(B_E) for _ in range(repeats)]
+
+    # residual_mu starts from U's residuals (independent of every E), not from μ = 0 at repeat 0
+    for component in components.values():
+        for U, _ in U_batches:
+            component.warm_baseline(U, mb, "U_batch")
 
     # Δθ/lr once per U batch, shared by every E batch and estimator probed against it.
     mean_Ys = []

@@ -19,6 +19,7 @@ import asyncio
 import json
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -151,14 +152,26 @@ TOOL_CONFIG = {
 
 class SlowInteraction(ScriptedInteraction):
     """The scripted user, thinking ``SLOW_USER_S`` seconds before each reply: a trajectory sits between its turns,
-    outside the inference server, for that long (over-sampling aborts it there)."""
+    outside the inference server, for that long (over-sampling aborts it there). With ``SLOW_USER_LOG`` set in the
+    environment, each reply appends ``start <wall time>`` and ``end <wall time>`` lines to that file."""
 
     async def generate_response(self, instance_id: str, messages: list[dict[str, Any]], **kwargs: Any):
+        _log_slow_user("start")
         await asyncio.sleep(SLOW_USER_S)
-        return await super().generate_response(instance_id, messages, **kwargs)
+        response = await super().generate_response(instance_id, messages, **kwargs)
+        _log_slow_user("end")
+        return response
+
+
+def _log_slow_user(event: str) -> None:
+    path = os.environ.get(SLOW_USER_LOG)
+    if path:
+        with open(path, "a") as log:
+            log.write(f"{event} {time.time()}\n")
 
 
 SLOW_USER_S = 3.0
+SLOW_USER_LOG = "TREETUNE_TEST_SLOW_USER_LOG"
 FIXED_LENGTH_LOOP = {"name": "fixed_length_agent", "_target_": f"{__name__}.FixedLengthAgentLoop"}
 INTERACTION_CONFIG = {
     "interaction": [

@@ -15,8 +15,9 @@ three aborted, the slow ones, each empty and marked (``rollout_aborted``, ``resp
 entropy 0); kept rows carry the entropy and log-probs the engine served (an independent teacher-forced HF
 recomputation, as in the standalone test); the validation batch aborts nothing; after each step the servers hold no
 aborted session, the counter no open step and the scheduler no entropy state; after ``ray.shutdown()`` no process of
-the run is left. The slow user's reply that is in progress at the abort is awaited, not cancelled (a tool or user
-call may have side effects), and no turn follows it: the training steps take at least ``SLOW_USER_S``.
+the run is left. A slow user's reply in progress at the abort is awaited, not cancelled (a tool or user call may have
+side effects): every reply the slow user starts in a step (logged with wall times) ends before the step returns, and
+such a step takes at least ``SLOW_USER_S``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,13 @@ import torch
 import yaml
 from omegaconf import open_dict
 
-from treetune_tests.treetune_verl.agent_loop.fakes import FIXED_LENGTH_LOOP, SLOW_USER_S, make_batch, unpadded
+from treetune_tests.treetune_verl.agent_loop.fakes import (
+    FIXED_LENGTH_LOOP,
+    SLOW_USER_LOG,
+    SLOW_USER_S,
+    make_batch,
+    unpadded,
+)
 from treetune_tests.treetune_verl.agent_loop.standalone import (
     RESPONSE_LENGTH,
     driver_state_restored,  # noqa: F401  (fixture, used below)
@@ -117,16 +124,19 @@ def test_over_sampling_aborts_the_long_tail_on_a_real_engine(tiny_model_dir, tmp
 
     model_path = model_with_short_turns(tiny_model_dir, tmp_path / "tiny-short-turns")
     config = _over_sample_config(model_path, tmp_path / "cfg")
-    steps, seconds = [], []
+    steps, seconds, windows = [], [], []
+    slow_user_log = tmp_path / "slow_user.log"
+    monkeypatch.setenv(SLOW_USER_LOG, str(slow_user_log))  # before ray.init: the workers inherit it
     with ray_session(monkeypatch) as session:
         manager = EntropyAgentLoopManager.create(config)
         [replica] = manager.rollout_replicas
         session.track(*replica.workers, *replica.servers, *manager.agent_loop_workers)
         server = replica.servers[0]
         for validate in (False, False, True):  # two training steps back to back, then validation
-            t0 = time.monotonic()
+            t0, wall0 = time.monotonic(), time.time()
             out = manager.generate_sequences(_batch(validate))
             seconds.append(time.monotonic() - t0)
+            windows.append((wall0, time.time()))
             after = {
                 "aborted_sessions": ray.get(server.aborted_session_count.remote()),
                 "open_steps": ray.get(manager._completion_counter.open_steps.remote()),
@@ -157,5 +167,14 @@ def test_over_sampling_aborts_the_long_tail_on_a_real_engine(tiny_model_dir, tmp
             f"step {step} (validate={validate}): {seconds[step]:.1f}s, aborted {aborted}, max |entropy - HF| "
             f"{max(errors):.1e}"
         )
-    # the slow user's reply in progress at the abort is awaited (nothing is cancelled mid-call), then no turn follows
-    assert min(seconds[:2]) >= SLOW_USER_S, seconds
+    # A slow user's reply in progress at the abort is awaited (nothing is cancelled mid-call): every reply started
+    # in a step ends before the step returns. Whether the slow row reached its user turn before the fast rows
+    # completed is up to the scheduler (it did not in one CI run: a 2.2 s step), so it is counted, not required.
+    events = [line.split() for line in slow_user_log.read_text().splitlines()] if slow_user_log.exists() else []
+    for step, (start, end) in enumerate(windows):
+        started = [float(t) for kind, t in events if kind == "start" and start <= float(t) <= end]
+        ended = [float(t) for kind, t in events if kind == "end" and start <= float(t) <= end]
+        assert len(ended) == len(started), f"step {step}: {len(started)} slow replies started, {len(ended)} ended"
+        if started:
+            assert seconds[step] >= SLOW_USER_S, seconds
+        print(f"step {step}: {len(started)} slow user repl(ies) in progress and awaited")

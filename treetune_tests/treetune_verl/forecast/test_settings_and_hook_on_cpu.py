@@ -199,3 +199,15 @@ def test_plot_of_the_probed_steps(tmp_path):
     metrics.write_text(json.dumps(records[1]) + "\n")
     with pytest.raises(ValueError, match="no step"):
         plot_forecast(metrics)
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        ({"ppo_micro_batch_size_per_gpu": 8, "ppo_max_token_len_per_gpu": 16384}, 4),  # 8 rows, G = 2
+        ({"ppo_micro_batch_size_per_gpu": 1, "ppo_max_token_len_per_gpu": 16384}, 1),  # at least one prompt
+        ({"ppo_micro_batch_size_per_gpu": None, "ppo_max_token_len_per_gpu": 1024}, 4),  # dynamic: 1024 // 128 rows
+    ],
+)
+def test_e_forwards_use_verls_micro_batch(config, expected):
+    assert live.forward_prompts(SimpleNamespace(config=SimpleNamespace(**config)), G=2, width=128) == expected

@@ -42,6 +42,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from treetune_tests.treetune_verl.probe.bench_probe import stopwatch  # noqa: E402
+from treetune_verl.forecast.directional import token_values  # noqa: E402
 from treetune_verl.probe.components import ProbeComponents  # noqa: E402
 from treetune_verl.probe.config import resolve_config  # noqa: E402
 from treetune_verl.probe.estimators import ResidualBaseline  # noqa: E402
@@ -67,15 +68,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-@torch.no_grad()
 def token_stats(comps: ProbeComponents, batch: dict[str, torch.Tensor], mb: int) -> tuple[torch.Tensor, ...]:
     """``(log π [B, G, R], H [B, G, R], mask [B, G, R])`` in fp64 under the current weights, no gradient."""
-    lp, H, mask = [], [], []
-    for _, tf in comps.teacher_forced_microbatches(batch, mb, with_entropy=True):
-        lp.append(tf.token_logprobs.double().cpu())
-        H.append(tf.entropies.double().cpu())
-        mask.append(tf.response_mask.cpu())
-    return torch.cat(lp), torch.cat(H), torch.cat(mask)
+    values = token_values(comps, batch, mb)  # the live forecast's forwards
+    return values.token_logprobs, values.entropies, values.response_mask
 
 
 @torch.no_grad()

@@ -107,3 +107,21 @@ def test_probe_passes_leave_grads_and_mode_untouched():
     assert model.training
     for n, p in model.named_parameters():
         assert torch.equal(p.grad, sentinel[n])
+
+
+def test_warming_the_baseline_folds_in_what_accumulate_sum_x_would():
+    """``warm_baseline`` = the μ update of ``accumulate_sum_X`` on the same batch, without X (no gradient left)."""
+    model = tiny_llama()
+    warm, E = _batches(model)
+    config = {"estimator": {"x_estimator_mode": "rb_residual", "baseline": {"mode": "residual_mu"}}, **_policy()}
+    by_x, by_warm = ProbeComponents(model, config), ProbeComponents(model, config)
+    by_x.accumulate_sum_X(warm, 2)
+    assert by_warm.warm_baseline(warm, 1)  # another microbatch size: μ does not depend on it
+    assert all(p.grad is None for p in model.parameters())
+    assert by_warm.baseline.updates == by_x.baseline.updates == 1
+    torch.testing.assert_close(by_warm.baseline.vector(5), by_x.baseline.vector(5), rtol=1e-6, atol=1e-7)
+    assert by_warm.baseline.vector(5).abs().sum() > 0
+    # the X that follows is the one of a warmed accumulate_sum_X
+    _assert_buffers_close(by_x.accumulate_sum_X(E, 2)[0], by_warm.accumulate_sum_X(E, 2)[0])
+    for estimator in ({"x_estimator_mode": "naive"}, {"x_estimator_mode": "rb_residual", "baseline": {"mode": "loo"}}):
+        assert not ProbeComponents(model, {"estimator": estimator, **_policy()}).warm_baseline(warm, 2)
