@@ -1,6 +1,6 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""⟨X_b, Δθ⟩ for every X estimator and every prompt of E from forward passes only: no backward, no parameter buffer.
+"""⟨X_b, Δθ⟩ for every X estimator and every prompt of E: from three forwards (float32), or by backward passes (below).
 
 Shape notation (this rank): B = prompts of E, G = responses per prompt, R = response columns.
 
@@ -135,12 +135,12 @@ def x_directional_derivatives_by_backward(
     for b in range(B):
         prompt = {key: value[b : b + 1] for key, value in E.items()}
         for mb, tf in first.teacher_forced_microbatches(prompt, 1, True, "E_batch"):
-            parts.append(tf)
             for j, (estimator, (loss_fn, _)) in enumerate(surrogates.items()):
                 loss_fn({"tf": tf, **mb}).backward(retain_graph=j < len(surrogates) - 1)
                 dots[estimator][b] = _grad_dot(first, step_of)
                 for p in first.params:
                     p.grad = None
+            parts.append(_joined([tf]))  # detached: no graph kept past its prompt
     for _, finish in surrogates.values():
         finish()
     return dots, _joined(parts)
