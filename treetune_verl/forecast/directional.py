@@ -24,7 +24,7 @@ inner products per prompt, the float32 rounding of the forwards included; on a t
 
 Only in float32: with bf16 compute (FSDP2 mixed precision, verl's default ``param_dtype`` on GPU) most elements of a
 small step are below bf16's resolution, θ ± Δθ round to θ or jump by one bf16 unit, and the difference measures
-those rounding flips (measured on SmolLM2, AdamW lr 1e-6: 10–30× off per prompt). There ``backward_method`` is used:
+those rounding flips (measured on SmolLM2, AdamW lr 1e-6: 10–30× off per prompt). There the backward method is used (``live.use_backward``):
 per prompt one forward with graph and one backward per estimator, ⟨.grad, Δθ⟩ (``x_directional_derivatives_by_backward``;
 the first version of the forecast, exact for the model as it computes).
 
@@ -108,11 +108,6 @@ def compute_dtype(model: torch.nn.Module) -> torch.dtype:
             if param_dtype is not None:
                 return param_dtype
     return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-
-
-def backward_method(model: torch.nn.Module) -> bool:
-    """Whether ⟨X_b, Δθ⟩ must come from backward passes: the model computes below float32 (see the module docstring)."""
-    return compute_dtype(model) not in (torch.float32, torch.float64)
 
 
 def x_directional_derivatives_by_backward(

@@ -49,7 +49,6 @@ from typing import Any, TypeVar
 import torch
 
 from treetune_verl.forecast.directional import (
-    backward_method,
     compute_dtype,
     sequence_sums,
     token_values,
@@ -170,10 +169,11 @@ def use_backward(method: str, model: torch.nn.Module) -> bool:
     Raises:
         ValueError: ``central_difference`` on a model that computes below float32.
     """
-    low_precision = backward_method(model)
+    dtype = compute_dtype(model)
+    low_precision = dtype not in (torch.float32, torch.float64)
     if method == "central_difference" and low_precision:
         raise ValueError(
-            f"{SECTION}.method=central_difference: the actor computes in {compute_dtype(model)}, where a step's "
+            f"{SECTION}.method=central_difference: the actor computes in {dtype}, where a step's "
             "central difference measures rounding flips, not the derivative; use method=auto or backward"
         )
     return method == "backward" or (method == "auto" and low_precision)
@@ -304,9 +304,11 @@ def forecast_update(
             "entropy forecast: verl's update took no optimizer step (DataParallelPPOActor._optimizer_step never called)"
         )
     start = time.perf_counter()
-    first_step, first_step_se, _ = realised_change(stats["before"], stats["first_step"], budget)
-    after = stats["first_step"] if calls == 1 else sequence_sums(token_values(first, E, mb_prompts))
-    change, change_se, h_before = realised_change(stats["before"], after, budget)
+    first_step, first_step_se, h_before = realised_change(stats["before"], stats["first_step"], budget)
+    change, change_se = first_step, first_step_se  # one optimizer step: the whole update is the first step
+    if calls > 1:
+        after = sequence_sums(token_values(first, E, mb_prompts))
+        change, change_se, _ = realised_change(stats["before"], after, budget)
     probe_s += time.perf_counter() - start
     metrics[PREFIX + "deltaH_realised"] = change
     metrics[PREFIX + "deltaH_realised_first_step"] = first_step
