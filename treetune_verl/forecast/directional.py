@@ -18,13 +18,14 @@ the graph), and the per-token directional derivatives along the step from a cent
 θ + Δθ = θ′ is where the optimizer's step put the weights, so that forward also gives the realised change after the
 step. Three forwards over E (θ′, θ, θ − Δθ) replace a forward with graph and one backward per estimator and per prompt
 (forward-mode autodiff would be exact, but verl's attention kernels, flash-attention and torch's SDPA, have no
-forward-mode derivative). Measured on SmolLM2-135M, AdamW lr 1e-6 (step norm 5.7e-3): within 0.6 % of the exact
-inner products per prompt, the float32 rounding of the forwards included; on a tiny Qwen2 at step norm 3e-3 within
-3e-5 (``treetune_tests/treetune_verl/forecast/test_directional_on_cpu.py`` checks it against forward-mode autodiff).
+forward-mode derivative). Measured on SmolLM2-135M, AdamW lr 1e-6 (step norm 6.3e-3): within 0.3 % of the exact
+inner products per prompt, the float32 rounding of the forwards included
+(``treetune_tests/treetune_verl/forecast/bench_directional_accuracy.py``; ``test_directional_on_cpu.py`` checks the
+central difference against forward-mode autodiff).
 
 Only in float32: with bf16 compute (FSDP2 mixed precision, verl's default ``param_dtype`` on GPU) most elements of a
 small step are below bf16's resolution, θ ± Δθ round to θ or jump by one bf16 unit, and the difference measures
-those rounding flips (measured on SmolLM2, AdamW lr 1e-6: 10–30× off per prompt). There the backward method is used (``live.use_backward``):
+those rounding flips (the same benchmark with ``--precision bf16``: 10–30× off per prompt). There the backward method is used (``live.use_backward``):
 per prompt one forward with graph and one backward per estimator, ⟨.grad, Δθ⟩ (``x_directional_derivatives_by_backward``;
 the first version of the forecast, exact for the model as it computes).
 

@@ -37,7 +37,7 @@ from treetune_verl.probe.ground_truth import importance_weighted_entropies, sequ
 PROMPT, RESPONSE, VOCAB, GROUPS, N = 3, 4, 32, 4, 2
 LENGTHS = [4, 2, 3, 4, 1, 4, 2, 3]  # row k belongs to group k // N
 SETTINGS = ForecastSettings(probe={"estimator": {"baseline": {"mode": "none"}}})  # order-free: ranks see other orders
-# lr 1e-4: step norm 4e-3, where the forecast's central difference is within 4e-4 of the exact directional derivative
+# lr 1e-4: step norm 4e-3, where the forecast's central difference is within 1e-3 of the exact directional derivative
 # (its O(|Δθ|³) term; test_directional_on_cpu.py measures it against forward-mode autodiff at larger steps too).
 LR, WEIGHT_DECAY, GRAD_CLIP = 1e-4, 0.01, 0.05
 

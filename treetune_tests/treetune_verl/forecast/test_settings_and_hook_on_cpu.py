@@ -204,10 +204,16 @@ def test_plot_of_the_probed_steps(tmp_path):
 @pytest.mark.parametrize(
     ("config", "expected"),
     [
-        ({"ppo_micro_batch_size_per_gpu": 8, "ppo_max_token_len_per_gpu": 16384}, 4),  # 8 rows, G = 2
-        ({"ppo_micro_batch_size_per_gpu": 1, "ppo_max_token_len_per_gpu": 16384}, 1),  # at least one prompt
-        ({"ppo_micro_batch_size_per_gpu": None, "ppo_max_token_len_per_gpu": 1024}, 4),  # dynamic: 1024 // 128 rows
+        ({"ppo_micro_batch_size_per_gpu": 8}, 4),  # 8 rows, G = 2
+        ({"ppo_micro_batch_size_per_gpu": 1}, 1),  # at least one prompt
+        ({"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 1024}, 4),  # dynamic: 1024 // 128 rows
     ],
 )
 def test_e_forwards_use_verls_micro_batch(config, expected):
-    assert live.forward_prompts(SimpleNamespace(config=SimpleNamespace(**config)), G=2, width=128) == expected
+    from verl.workers.config import FSDPActorConfig
+
+    actor_config = FSDPActorConfig(
+        strategy="fsdp2", ppo_mini_batch_size=8, rollout_n=2, use_torch_compile=False, **config
+    )
+    actor = SimpleNamespace(config=actor_config)  # forward_prompts reads only the actor's config
+    assert live.forward_prompts(actor, G=2, width=128) == expected
