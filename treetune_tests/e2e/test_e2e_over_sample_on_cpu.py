@@ -3,7 +3,7 @@
 """Over-sampling with abort in verl 0.7.1's own GRPO trainer on CPU (``E2E_OVER_SAMPLE`` of ``test_entropy_e2e.sh``).
 
 The tiny e2e run (4 prompts x n = 2 = 8 rows per step) with ``actor_rollout_ref.rollout.over_sample_rate=0.25``,
-``algorithm.adv_estimator=grpo_valid`` and ``actor_rollout_ref.model.external_lib=treetune_verl.ppo.actor_setup``,
+``algorithm.adv_estimator=grpo_valid`` and ``actor_rollout_ref.model.external_lib=treetune_verl.trainer.actor_setup``,
 and one row per actor micro-batch (``ppo_micro_batch_size_per_gpu=1``), so that every aborted row is a micro-batch
 of its own: without the actor's loss fix each of them is 0/0 in verl's ``agg_loss`` (NaN gradients; the unit-level
 negative control is ``treetune_tests/treetune_verl/ppo/test_loss_aggregation_on_cpu.py``). The script checks every
@@ -37,7 +37,7 @@ def test_over_sample_arguments(tiny_model_dir, tmp_path):
     assert {
         "algorithm.adv_estimator=grpo_valid",
         "actor_rollout_ref.rollout.over_sample_rate=0.25",
-        "actor_rollout_ref.model.external_lib=treetune_verl.ppo.actor_setup",
+        "actor_rollout_ref.model.external_lib=treetune_verl.trainer.actor_setup",
     } <= set(over)
     refused = run_script({**env, "E2E_OVER_SAMPLE": "0.25", "E2E_BLOCK": "0"}, timeout=60)
     assert refused.returncode == 2 and "needs the override block" in refused.stderr

@@ -234,18 +234,18 @@ fi
 if [[ "$OVER_SAMPLE" != 0 ]]; then
     ARGS+=(
         actor_rollout_ref.rollout.over_sample_rate="$OVER_SAMPLE"
-        actor_rollout_ref.model.external_lib=treetune_verl.ppo.actor_setup
+        actor_rollout_ref.model.external_lib=treetune_verl.trainer.actor_setup
     )
 fi
 # Live entropy forecast (E2E_FORECAST=<k>): the +treetune_forecast=entropy_forecast block with every=k (its
-# external_lib also installs treetune_verl.ppo.actor_setup's patches); check_metrics --forecast-every k checks its
+# external_lib, the one actor entry point, also installs the loss fix over-sampling needs); check_metrics --forecast-every k checks its
 # keys at the probed steps, and $WORK/entropy_forecast.png plots forecast vs realised (treetune_verl/forecast).
 FORECAST=${E2E_FORECAST:-}
 if [[ -n "$FORECAST" ]]; then
     [[ "$BLOCK" == 1 ]] || ARGS+=("hydra.searchpath=[pkg://treetune_verl.config]")
     ARGS+=(
         +treetune_forecast=entropy_forecast
-        actor_rollout_ref.model.external_lib=treetune_verl.forecast.actor_setup
+        actor_rollout_ref.model.external_lib=treetune_verl.trainer.actor_setup
         actor_rollout_ref.rollout.custom.entropy_forecast.every="$FORECAST"
     )
 fi

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import concurrent.futures
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -34,6 +35,7 @@ LAYERS = [
     "treetune_verl.rollout",
     "treetune_verl.ppo",
     "treetune_verl.forecast",  # the live entropy forecast: the probe inside verl's actor worker
+    "treetune_verl.trainer",  # every hook in verl's trainer and actor processes: one seam per upstream hook
     "treetune_verl.agent_loop",
     "treetune_verl.managed",  # chat-style agent sessions over the engine or verl's agent loops
     "treetune_verl.generation",  # dataset-scale generation job (in-process Engine or verl's agent-loop manager)
@@ -50,6 +52,7 @@ LEAVES = {
     "treetune_verl.config",
     "treetune_verl.patching",
     "treetune_verl.verl_guard",
+    "treetune_verl.batch_keys",
 }
 # Third-party packages a layer must not import: the sglang side stays usable without verl.
 FORBIDDEN_THIRD_PARTY = {"treetune_verl.sglang": {"verl"}, "treetune_verl.probe": {"verl", "sglang"}}
@@ -180,9 +183,9 @@ def test_no_forbidden_third_party_imports():
 def test_the_checks_catch_a_backward_edge_and_a_cycle():
     """The two checks above would fail on the mistakes they guard against (checked on a copy of the real graph)."""
     graph = {module: set(targets) for module, targets in internal_graph().items()}
-    graph["treetune_verl.sglang.entropy"].add("treetune_verl.agent_loop.fields")
+    graph["treetune_verl.sglang.entropy"].add("treetune_verl.agent_loop.recorder")
     assert layering_violations(graph) == [
-        "treetune_verl.sglang.entropy (treetune_verl.sglang) imports treetune_verl.agent_loop.fields "
+        "treetune_verl.sglang.entropy (treetune_verl.sglang) imports treetune_verl.agent_loop.recorder "
         "(treetune_verl.agent_loop), a later layer"
     ]
     graph = {module: set(targets) for module, targets in internal_graph().items()}
@@ -192,14 +195,16 @@ def test_the_checks_catch_a_backward_edge_and_a_cycle():
 
 def test_imports_inside_functions_are_read(tmp_path):
     source = tmp_path / "m.py"
-    source.write_text("def f():\n    from treetune_verl.agent_loop import fields\n")
-    assert "treetune_verl.agent_loop.fields" in imported_names(source, "treetune_verl.sglang.m")
+    source.write_text("def f():\n    from treetune_verl.agent_loop import recorder\n")
+    assert "treetune_verl.agent_loop.recorder" in imported_names(source, "treetune_verl.sglang.m")
 
 
 # The sglang side and the agent loops must not pull sglang's heavy import into processes that do not need it: every
 # agent-loop worker process unpickles our classes (Ray pickles by module).
 NO_SGLANG_IMPORT = [
     "treetune_verl.agent_loop",
+    "treetune_verl.trainer",
+    "treetune_verl.batch_keys",
     "treetune_verl.rollout.token_output",
     "treetune_verl.probe",
     "treetune_verl.managed",
@@ -248,3 +253,23 @@ def test_architecture_page_and_readme_name_every_module_and_folder():
     unnamed = [str(f.relative_to(REPO_ROOT)) for f in folders if f"`{f.relative_to(REPO_ROOT)}/`" not in readme]
     unnamed = [f for f in unnamed if not f.startswith("treetune_verl/probe/config")]  # inside probe/
     assert unnamed == [], f"README.md's layout table does not name: {unnamed}"
+
+
+def documented_layers(page: str) -> list[str]:
+    """The numbered layer list under "## Layers" of the architecture page, lowest first."""
+    section = page.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^\d+\. `(treetune_verl\.[a-z_]+)`", section, flags=re.MULTILINE)
+
+
+def test_the_architecture_page_lists_the_enforced_layers():
+    """The layers a reader is told about are the ones this test enforces, in the same order."""
+    page = (REPO_ROOT / "agent-docs" / "architecture.md").read_text()
+    assert documented_layers(page) == LAYERS
+    standalone = page.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    assert all(f"`{module}`" in standalone for module in STANDALONE)
+    leaves = {f"`{m.removeprefix(ROOT + '.').replace('.', '/')}.py`" for m in LEAVES - {ROOT, "treetune_verl.config"}}
+    assert all(leaf in standalone for leaf in leaves), leaves
+    assert documented_layers("## Layers\n\n1. `treetune_verl.a` — x\n2. `treetune_verl.b` — y\n\n## Next\n") == [
+        "treetune_verl.a",
+        "treetune_verl.b",
+    ]

@@ -9,7 +9,6 @@ stays ``sglang``: the FSDP workers look the name up in their own registry (``wor
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from typing import Any
@@ -21,19 +20,18 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopManager, _get_rollo
 from verl.protocol import DataProto
 from verl.utils.ray_utils import auto_await
 
-from treetune_verl.agent_loop.entropy_worker import EntropyAgentLoopWorker
-from treetune_verl.agent_loop.fields import HAS_ROLLOUT_ENTROPY_KEY, ROLLOUT_ENTROPY_KEY
-from treetune_verl.agent_loop.metrics import ROWS_WITHOUT_ENTROPY_METRIC, rollout_entropy_metrics
-from treetune_verl.agent_loop.over_sample import (
+from treetune_verl.agent_loop.over_sample import CompletionCounter, completion_target
+from treetune_verl.agent_loop.worker import EntropyAgentLoopWorker
+from treetune_verl.batch_keys import (
+    HAS_ROLLOUT_ENTROPY_KEY,
     OVER_SAMPLE_META_KEY,
-    CompletionCounter,
-    check_over_sample_config,
-    completion_target,
-    over_sample_rate,
+    PENDING_METRICS_KEY,
+    ROLLOUT_ENTROPY_KEY,
 )
-from treetune_verl.agent_loop.trainer_hooks import PENDING_METRICS_KEY, STEERING_META_KEY, install_trainer_hooks
 from treetune_verl.ppo import advantage  # noqa: F401  (registers grpo_valid / rloo_valid in the trainer's process)
-from treetune_verl.rollout.rollout_config import CONFIG_PATH, check_rollout_config, entropy_steering
+from treetune_verl.rollout.rollout_config import CONFIG_PATH, check_rollout_config
+from treetune_verl.trainer import trainer_setup
+from treetune_verl.trainer.metrics import ROWS_WITHOUT_ENTROPY_METRIC, rollout_entropy_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -51,20 +49,20 @@ class EntropyAgentLoopManager(AgentLoopManager):
     ``agent_loop/rollout_entropy/{mean,p50,p90,max,rows_without_entropy}`` there, so they reach every configured
     logger as ``timing_s/agent_loop/rollout_entropy/...``. What only the trainer sees (the actor's own entropy of the
     same tokens; validation) is logged by the hooks this manager installs in the trainer's process
-    (``trainer_hooks.py``): ``rollout_entropy/actor_abs_diff/{mean,max}`` and ``val-aux/rollout_entropy/...``.
+    (``treetune_verl/trainer/trainer_seams.py``): ``rollout_entropy/actor_abs_diff/{mean,max}`` and ``val-aux/rollout_entropy/...``.
 
     Over-sampling with abort (``rollout.over_sample_rate`` > 0, training batches only): each step gets a
     :func:`completion_target` on a :class:`CompletionCounter` shared by the workers, which abort the rest
     (``over_sample_worker.py``); ``rollout/wall_time_s`` and the aborted-row metrics reach the step's metrics.
 
-    Entropy steering (``custom.entropy.pg_token_quantile`` / ``advantage_shaping``): the settings travel with each
-    training rollout to the trainer's ``compute_advantage`` hook, which reshapes the advantages from
-    ``rollout_entropy``.
+    The trainer-side features (the agreement and validation metrics, aborted rows' reward, entropy steering) run in
+    the trainer's own seams, installed here with the run's features read from the trainer's config
+    (``treetune_verl/trainer/trainer_setup.py``, which also refuses combinations that cannot run).
 
     Raises:
         ValueError: ``rollout.name`` is not ``sglang``, ``calculate_log_probs`` is off, the entropy section is
-            invalid, or ``over_sample_rate`` is out of range or set with settings that would train on aborted rows
-            wrongly (:func:`~treetune_verl.agent_loop.over_sample.check_over_sample_config`).
+            invalid, or a feature is refused at start-up (:func:`~treetune_verl.trainer.features.check_features`:
+            e.g. ``over_sample_rate`` out of range or with settings that would train on aborted rows wrongly).
         UnsupportedSGLangError: data-parallel sglang, speculative decoding (MTP), pipeline parallelism or
             disaggregation.
         UnsupportedVerlError: a verl other than 0.7.1 (the trainer hooks would be wrong).
@@ -84,10 +82,8 @@ class EntropyAgentLoopManager(AgentLoopManager):
                 "entropy server is selected by this manager, not by the rollout name"
             )
         check_rollout_config(rollout_config)
-        self._steering = entropy_steering(rollout_config)
-        self._over_sample_rate = over_sample_rate(rollout_config)
-        if self._over_sample_rate > 0:
-            check_over_sample_config(config)
+        # This process is the trainer's (fit runs here): check the run's features and install the trainer's seams.
+        self._over_sample_rate = trainer_setup.install(config).over_sample_rate
         # Started before training (a Ray actor takes seconds to start): one per manager, a key per step.
         self._completion_counter: Any = CompletionCounter.remote() if self._over_sample_rate > 0 else None
         if not hasattr(self, "rollout_replica_class"):
@@ -97,7 +93,6 @@ class EntropyAgentLoopManager(AgentLoopManager):
             self.rollout_replica_class = EntropySGLangReplica
         if not hasattr(self, "agent_loop_workers_class"):
             self.agent_loop_workers_class = ray.remote(EntropyAgentLoopWorker)
-        install_trainer_hooks()  # this process is the trainer's: fit runs here
         self._validation_rollouts: list[DataProto] = []
         super().__init__(config, worker_group, rollout_resource_pool, reward_loop_worker_handles)
 
@@ -121,8 +116,6 @@ class EntropyAgentLoopManager(AgentLoopManager):
             self._validation_rollouts.append(output.select(batch_keys=keys, non_tensor_batch_keys=[]))
         else:
             output.meta_info.setdefault(PENDING_METRICS_KEY, {})["rollout/wall_time_s"] = time.perf_counter() - start
-            if self._steering.active:  # read by the compute_advantage hook (trainer_hooks.py)
-                output.meta_info[STEERING_META_KEY] = dataclasses.asdict(self._steering)
         return output
 
     async def _begin_over_sample(self, prompts: DataProto) -> str:
@@ -136,7 +129,7 @@ class EntropyAgentLoopManager(AgentLoopManager):
         """Rollout-entropy metrics over every validation rollout since the last call (``{}`` if none).
 
         verl's ``_validate`` logs nothing of the generation output but rewards; the trainer hook
-        (``trainer_hooks.py``) calls this at the end of each validation and logs the result as
+        (``treetune_verl/trainer/trainer_seams.py``) calls this at the end of each validation and logs the result as
         ``val-aux/rollout_entropy/...``.
         """
         rollouts, self._validation_rollouts = self._validation_rollouts, []

@@ -1,10 +1,10 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""verl 0.7.1's ``AgentLoopWorker`` that also puts ``rollout_entropy`` into the generated ``DataProto``.
+"""The rollout-entropy feature of verl 0.7.1's ``AgentLoopWorker``: ``rollout_entropy`` in the generated ``DataProto``.
 
 On the entropy's path it sits after the agent loops (whose ``extra_fields["response_entropy"]`` it pads to
 ``[1, response_length]`` per sample) and before the manager, which concatenates the workers' batches and logs
-the metrics. Importing it registers the entropy agent loops in the worker process.
+the metrics. It knows no other feature: the worker the manager runs combines it with over-sampling (``worker.py``).
 """
 
 from __future__ import annotations
@@ -12,18 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, _InternalAgentLoopOutput
+from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, AgentLoopWorker, _InternalAgentLoopOutput
 from verl.protocol import DataProto
 
-# Importing the loops registers their names in this process's verl agent-loop registry.
-from treetune_verl.agent_loop import entropy_single_turn_agent_loop, entropy_tool_agent_loop  # noqa: F401
-from treetune_verl.agent_loop.fields import (
-    HAS_ROLLOUT_ENTROPY_KEY,
-    RESPONSE_ENTROPY_KEY,
-    ROLLOUT_ABORTED_KEY,
-    ROLLOUT_ENTROPY_KEY,
-)
-from treetune_verl.agent_loop.over_sample_worker import OverSamplingAgentLoopWorker
+from treetune_verl.batch_keys import HAS_ROLLOUT_ENTROPY_KEY, RESPONSE_ENTROPY_KEY, ROLLOUT_ENTROPY_KEY
 
 
 def pad_response_entropy(entropy: list[float] | None, num_tokens: int, response_length: int) -> torch.Tensor:
@@ -45,14 +37,14 @@ def pad_response_entropy(entropy: list[float] | None, num_tokens: int, response_
     return row
 
 
-class EntropyAgentLoopWorker(OverSamplingAgentLoopWorker):
+class RolloutEntropyWorker(AgentLoopWorker):
     """Adds ``batch["rollout_entropy"]``: float32 ``[batch, response_length]``, nats, aligned with ``responses``.
 
     Non-zero exactly where a model-generated token sits (``response_mask == 1``, up to a served entropy of exactly
     0.0); 0.0 at tool/user tokens, at padding, and for samples from loops that carry no entropy. Those samples are
     marked ``False`` in ``batch["has_rollout_entropy"]`` (bool ``[batch]``): their zeros are not measured entropies,
-    and the metrics leave them out. Both keys are always emitted; nothing is added to ``non_tensor_batch``. An
-    aborted row (over-sampling, see the parent) has an empty response, so its entropy row is all 0.0 too.
+    and the metrics leave them out. Both keys are always emitted; nothing is added to ``non_tensor_batch``. The row is
+    multiplied by the final ``response_mask``, so a response another feature emptied (an aborted row) is all 0.0 too.
 
     Both overrides call the parent: ``response_entropy`` is popped from the loop's ``extra_fields`` before
     ``_agent_loop_postprocess`` (which would hand it to the reward workers) and the padded row is popped again
@@ -63,8 +55,7 @@ class EntropyAgentLoopWorker(OverSamplingAgentLoopWorker):
         entropy = output.extra_fields.pop(RESPONSE_ENTROPY_KEY, None)
         row = pad_response_entropy(entropy, len(output.response_ids), self.rollout_config.response_length)
         internal = await super()._agent_loop_postprocess(output, **kwargs)
-        if internal.extra_fields.get(ROLLOUT_ABORTED_KEY, False):
-            row.zero_()  # the parent emptied the response
+        row *= internal.response_mask.to(row.dtype)  # 0.0 wherever no model token is (also once a row is emptied)
         internal.extra_fields[ROLLOUT_ENTROPY_KEY] = row
         internal.extra_fields[HAS_ROLLOUT_ENTROPY_KEY] = entropy is not None
         return internal

@@ -5,7 +5,8 @@
 verl 0.7.1 documents ``actor_rollout_ref.rollout.over_sample_rate`` ("abort remaining requests when
 ``(1 - over_sample_rate) * total`` completions are reached", ``rollout.yaml:116-118``) but nothing reads it. Here:
 
-- the manager computes :func:`completion_target` for a training batch and starts a step on one
+- the manager checks the settings at start-up (``treetune_verl/trainer/features.py``: the rate, the estimator, the
+  actor's loss fix) and computes :func:`completion_target` for a training batch and starts a step on one
   :class:`CompletionCounter` actor shared by all agent-loop workers (the target counts over the whole batch);
 - each worker's :class:`OverSampleStep` claims a slot for every trajectory that finishes, and once the counter says
   the target is reached it aborts its still-running trajectories by their session prefix
@@ -27,58 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
-from omegaconf import OmegaConf
 
-OVER_SAMPLE_META_KEY = "treetune_over_sample"  # prompts.meta_info: {"counter", "step", "target"} for the workers
-RATE_KEY = "over_sample_rate"  # verl's own key under actor_rollout_ref.rollout
-
-
-def over_sample_rate(rollout_config: Any) -> float:
-    """``rollout.over_sample_rate`` as a float in ``[0, 1)``; raises naming the key otherwise."""
-    rate = rollout_config.get(RATE_KEY, 0.0)
-    rate = 0.0 if rate is None else float(rate)
-    if not 0.0 <= rate < 1.0:
-        raise ValueError(f"actor_rollout_ref.rollout.{RATE_KEY} must be in [0, 1); got {rate}")
-    return rate
-
-
-# verl's group estimators whose statistics would count aborted rows (score 0) as members of the group.
-_GROUP_ESTIMATORS = {
-    "grpo": "grpo_valid",
-    "grpo_vectorized": "grpo_valid",
-    "rloo": "rloo_valid",
-    "rloo_vectorized": "rloo_valid",
-}
-ACTOR_SETUP_MODULE = "treetune_verl.ppo.actor_setup"  # actor_rollout_ref.model.external_lib
-
-
-def check_over_sample_config(config: Any) -> None:
-    """Refuse, before anything starts, settings under which aborted rows would be trained on wrongly.
-
-    Raises:
-        ValueError: a group estimator that counts aborted rows (use ``grpo_valid`` / ``rloo_valid``); the actor's
-            loss-aggregation fix not loaded (``external_lib``); verl's new worker implementation or routing
-            replay, which the fixes do not cover.
-    """
-    estimator = str(OmegaConf.select(config, "algorithm.adv_estimator", default="") or "")
-    estimator = getattr(estimator, "value", estimator)
-    if estimator in _GROUP_ESTIMATORS:
-        raise ValueError(
-            f"{RATE_KEY} > 0 with algorithm.adv_estimator={estimator}: aborted rows (score 0) would count in the "
-            f"group statistics. Use algorithm.adv_estimator={_GROUP_ESTIMATORS[estimator]}."
-        )
-    libs = OmegaConf.select(config, "actor_rollout_ref.model.external_lib", default=None)
-    libs = [] if libs is None else [libs] if isinstance(libs, str) else list(libs)
-    if ACTOR_SETUP_MODULE not in libs:
-        raise ValueError(
-            f"{RATE_KEY} > 0 needs the actor to leave aborted rows out (in verl 0.7.1 a micro-batch of aborted rows "
-            f"stops the actor's rollout-correction metrics and dilutes its loss): set "
-            f"actor_rollout_ref.model.external_lib={ACTOR_SETUP_MODULE}"
-        )
-    if OmegaConf.select(config, "trainer.use_legacy_worker_impl", default="auto") == "disable":
-        raise ValueError(f"{RATE_KEY} > 0 supports verl's legacy FSDP workers only (trainer.use_legacy_worker_impl)")
-    if OmegaConf.select(config, "actor_rollout_ref.rollout.enable_rollout_routing_replay", default=False):
-        raise ValueError(f"{RATE_KEY} > 0 does not support actor_rollout_ref.rollout.enable_rollout_routing_replay")
+from treetune_verl.batch_keys import OVER_SAMPLE_META_KEY
 
 
 def completion_target(rate: float, batch_size: int) -> int:

@@ -25,9 +25,9 @@ import torch
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, AgentLoopWorker, _InternalAgentLoopOutput
 from verl.protocol import DataProto
 
-from treetune_verl.agent_loop.fields import ROLLOUT_ABORTED_KEY
 from treetune_verl.agent_loop.over_sample import CURRENT_TRAJECTORY, OverSampleStep, Trajectory, step_of
 from treetune_verl.agent_loop.session_server_manager import SessionServerManager
+from treetune_verl.batch_keys import ROLLOUT_ABORTED_KEY
 from treetune_verl.rollout.session import new_session_id
 
 _CURRENT_STEP: ContextVar[OverSampleStep | None] = ContextVar("treetune_over_sample_step", default=None)
@@ -99,7 +99,7 @@ class OverSamplingAgentLoopWorker(AgentLoopWorker):
         The parent cannot pad an empty response, so it runs on a one-token placeholder (padding, mask 0) whose
         attention is then removed and the position ids recomputed by verl's own ``_compute_position_ids``. The reward
         workers still score the row (verl needs every row's reward extras, ``agent_loop.py:840``); the trainer hook
-        sets an aborted row's reward to 0 (``trainer_hooks.py``).
+        sets an aborted row's reward to 0 (``treetune_verl/trainer/trainer_seams.py``).
         """
         update: dict[str, Any] = {
             "response_ids": [self.tokenizer.pad_token_id],

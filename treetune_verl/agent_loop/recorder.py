@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from treetune_verl.agent_loop.fields import RESPONSE_ENTROPY_KEY
+from treetune_verl.batch_keys import RESPONSE_ENTROPY_KEY
 from treetune_verl.rollout.rollout_config import CONFIG_PATH
 
 

@@ -59,6 +59,7 @@ from treetune_verl.forecast.settings import SECTION, ForecastSettings
 from treetune_verl.forecast.sharding import is_sharded, reshard
 from treetune_verl.forecast.step_weights import WeightsAroundStep
 from treetune_verl.forecast.verl_batch import eval_prompts, world
+from treetune_verl.patching import swapped
 from treetune_verl.probe.batch import make_probe_batch
 from treetune_verl.probe.components import ProbeComponents
 from treetune_verl.probe.ground_truth import importance_weighted_entropies
@@ -116,7 +117,7 @@ class ForecastState:
 
     components: dict[str, ProbeComponents] = field(default_factory=dict)
     temperature: float | None = None
-    calls: int = 0  # update_actor calls seen (worker_hook's every-k count)
+    calls: int = 0  # update_actor calls seen (the update_actor seam's every-k count)
     last_eval: dict[str, torch.Tensor] | None = None  # this rank's E of the last forecast (a probe batch)
 
     def components_for(
@@ -188,17 +189,12 @@ def forward_prompts(actor: Any, G: int, width: int) -> int:
     return max(1, int(rows) // G)
 
 
-def forecast_update(
-    actor: Any,
-    data: Any,
-    settings: ForecastSettings,
-    state: ForecastState,
-    rollout_n: int,
-    eos_token_ids: list[int],
-    update: Callable[[], T],
-) -> tuple[T, dict[str, float]]:
-    """Run ``update()`` (verl's update of ``actor`` on ``data``) with the forecast at its first optimizer step;
-    return its result and the ``probe/*`` and ``timing_s/probe`` metrics (the same on every rank).
+class ForecastRun:
+    """The forecast around one verl update of ``actor`` on ``data``: E sampled at construction (θ, before anything
+    moves), ΔH₁ at the update's first optimizer step (:meth:`optimizer_step`), the realised change in :meth:`finish`.
+
+    The caller routes verl's ``_optimizer_step`` through :meth:`optimizer_step` for the duration of the update: the
+    actor seam (``treetune_verl/trainer/actor_seams.py``) in verl's trainer, :meth:`around` elsewhere.
 
     Args:
         actor: verl's ``DataParallelPPOActor``: ``actor_module`` (FSDP-wrapped model), ``actor_optimizer``,
@@ -206,120 +202,133 @@ def forecast_update(
         data: the ``DataProto`` this rank trains on (``meta_info["temperature"]``, ``non_tensor_batch["uid"]``).
         rollout_n: responses per prompt of E (verl's ``rollout.n``).
         eos_token_ids: end E's sampled responses.
-        update: runs the update; it must call ``actor._optimizer_step`` (looked up on the instance).
     """
-    start = time.perf_counter()
-    model, optimizer = actor.actor_module, actor.actor_optimizer
-    _check_model(model)
-    by_backward = use_backward(settings.method, model)
-    temperature = float(data.meta_info["temperature"])
-    comps = state.components_for(model, optimizer, settings, temperature)
-    prompts = eval_prompts(data)
-    rank, _ = world()
-    seed = (settings.seed * 1_000_003 + state.calls) * 1_009 + rank  # fresh, independent samples per step and rank
-    E = sample_eval_batch(
-        model,
-        prompts.prompt_ids,
-        rollout_n,
-        int(data.batch["responses"].shape[1]),
-        temperature,
-        int(data.meta_info.get("pad_token_id", 0)),
-        eos_token_ids,
-        seed,
-    )
-    state.last_eval = E
-    sample_s = time.perf_counter() - start
-    first = next(iter(comps.values()))
-    sharded = any(is_sharded(p) for p in first.params)
-    mb_prompts = forward_prompts(actor, rollout_n, int(data.batch["input_ids"].shape[1]))
-    budget = E["max_lengths"].double()
-    metrics: dict[str, float] = {}
-    probe_s = 0.0  # the forecast's seconds inside update() (its first optimizer step)
-    stats: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # (S, F) of E at θ ("before") and θ′ ("first_step")
 
-    def _first_step(verl_step: Callable[[], Any]) -> Any:
-        """verl's first optimizer step, then the forecast of it from the weights it started at."""
-        weights = WeightsAroundStep(first)  # a copy of θ, this rank's shards
-        grad_norm = verl_step()  # verl's clipping and optimizer step: θ -> θ′
-        plus = token_values(first, E, mb_prompts)  # at θ′ = θ + Δθ
-        try:
-            step_sq = torch.tensor([weights.swap()], dtype=torch.float64)  # parameters at θ
-            if by_backward:
-                dots, at_theta = x_directional_derivatives_by_backward(comps, E, weights.step)
-            else:
-                at_theta = token_values(first, E, mb_prompts)
-                weights.minus_step()
-                minus = token_values(first, E, mb_prompts)
-        finally:
-            weights.restore()  # θ′ exactly, as verl's step left it
-        if not by_backward:
-            dots = x_directional_derivatives(comps, E, at_theta, plus, minus)
-        metrics[PREFIX + "step_norm"] = float((_sum_over_ranks(step_sq) if sharded else step_sq).sqrt())
-        stats["before"], stats["first_step"] = sequence_sums(at_theta), sequence_sums(plus)
-        for estimator, per_prompt in dots.items():
-            # by backward: this rank's shard sums, whose sum over ranks is per prompt index the mean over ranks
-            mean, se = _index_mean_and_se(_sum_over_ranks(per_prompt)) if by_backward else mean_and_se(per_prompt)
-            metrics[f"{PREFIX}deltaH1/{estimator}"] = mean
-            if math.isfinite(se):
-                metrics[f"{PREFIX}deltaH1_se/{estimator}"] = se
-        return grad_norm
-
-    calls = 0
-
-    def _optimizer_step():
-        nonlocal calls, probe_s
-        calls += 1
-        if calls > 1:
-            return verl_step()
+    def __init__(
+        self,
+        actor: Any,
+        data: Any,
+        settings: ForecastSettings,
+        state: ForecastState,
+        rollout_n: int,
+        eos_token_ids: list[int],
+    ) -> None:
         start = time.perf_counter()
-        step_s: list[float] = []
+        self._actor = actor
+        model = actor.actor_module
+        _check_model(model)
+        self._by_backward = use_backward(settings.method, model)
+        temperature = float(data.meta_info["temperature"])
+        self._comps = state.components_for(model, actor.actor_optimizer, settings, temperature)
+        self._first = next(iter(self._comps.values()))
+        self._prompts = eval_prompts(data)
+        seed = (settings.seed * 1_000_003 + state.calls) * 1_009 + world()[0]  # fresh samples per step and rank
+        self._E = sample_eval_batch(
+            model,
+            self._prompts.prompt_ids,
+            rollout_n,
+            int(data.batch["responses"].shape[1]),
+            temperature,
+            int(data.meta_info.get("pad_token_id", 0)),
+            eos_token_ids,
+            seed,
+        )
+        state.last_eval = self._E
+        self._sharded = any(is_sharded(p) for p in self._first.params)
+        self._mb_prompts = forward_prompts(actor, rollout_n, int(data.batch["input_ids"].shape[1]))
+        self._budget = self._E["max_lengths"].double()
+        self._metrics: dict[str, float] = {}
+        self._stats: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # (S, F) of E at θ and θ′ (first step)
+        self._steps = 0
+        now = time.perf_counter()
+        self._sample_s, self._probe_s, self._update_start = now - start, 0.0, now
+
+    def optimizer_step(self, verl_step: Callable[[], Any]) -> Any:
+        """verl's optimizer step; at the first one, the forecast of it (its time is the forecast's, not verl's)."""
+        self._steps += 1
+        if self._steps > 1:
+            return verl_step()
+        start, step_s = time.perf_counter(), 0.0
 
         def timed_verl_step() -> Any:
+            nonlocal step_s
             step_start = time.perf_counter()
             result = verl_step()
-            step_s.append(time.perf_counter() - step_start)
+            step_s = time.perf_counter() - step_start
             return result
 
-        grad_norm = _first_step(timed_verl_step)
-        probe_s += time.perf_counter() - start - step_s[0]  # verl's own step is the update's
+        grad_norm = self._first_step(timed_verl_step)
+        self._probe_s += time.perf_counter() - start - step_s
         return grad_norm
 
-    own = vars(actor)
-    had_own_step = "_optimizer_step" in own
-    previous_own_step = own.get("_optimizer_step")
-    verl_step = actor._optimizer_step
-    actor._optimizer_step = _optimizer_step
-    start = time.perf_counter()
-    try:
-        result = update()
-    finally:
-        if had_own_step:
-            actor._optimizer_step = previous_own_step
-        else:
-            del actor._optimizer_step
-    update_s = time.perf_counter() - start - probe_s
-    probe_s += sample_s
-    if calls == 0:
-        raise RuntimeError(
-            "entropy forecast: verl's update took no optimizer step (DataParallelPPOActor._optimizer_step never called)"
-        )
-    start = time.perf_counter()
-    first_step, first_step_se, h_before = realised_change(stats["before"], stats["first_step"], budget)
-    change, change_se = first_step, first_step_se  # one optimizer step: the whole update is the first step
-    if calls > 1:
-        after = sequence_sums(token_values(first, E, mb_prompts))
-        change, change_se, _ = realised_change(stats["before"], after, budget)
-    probe_s += time.perf_counter() - start
-    metrics[PREFIX + "deltaH_realised"] = change
-    metrics[PREFIX + "deltaH_realised_first_step"] = first_step
-    if math.isfinite(change_se):
-        metrics[PREFIX + "deltaH_realised_se"] = change_se
-        metrics[PREFIX + "deltaH_realised_first_step_se"] = first_step_se
-    metrics[PREFIX + "H_before"] = h_before
-    metrics[PREFIX + "optimizer_steps"] = float(calls)
-    metrics[PREFIX + "eval_prompts"] = float(prompts.total - prompts.left_out)
-    metrics[PREFIX + "sample_s"] = sample_s
-    metrics[PREFIX + "update_s"] = update_s
-    metrics["timing_s/probe"] = probe_s
-    metrics[PREFIX + "cost_ratio"] = probe_s / update_s if update_s > 0 else float("nan")
-    return result, metrics
+    def _first_step(self, verl_step: Callable[[], Any]) -> Any:
+        """verl's first optimizer step θ -> θ′, then ⟨X_b, Δθ⟩ from the weights it started at."""
+        first, E, mb = self._first, self._E, self._mb_prompts
+        weights = WeightsAroundStep(first)  # a copy of θ, this rank's shards
+        grad_norm = verl_step()
+        plus = token_values(first, E, mb)  # at θ′ = θ + Δθ
+        try:
+            step_sq = torch.tensor([weights.swap()], dtype=torch.float64)  # parameters at θ
+            if self._by_backward:
+                dots, at_theta = x_directional_derivatives_by_backward(self._comps, E, weights.step)
+            else:
+                at_theta = token_values(first, E, mb)
+                weights.minus_step()
+                minus = token_values(first, E, mb)
+        finally:
+            weights.restore()  # θ′ exactly, as verl's step left it
+        if not self._by_backward:
+            dots = x_directional_derivatives(self._comps, E, at_theta, plus, minus)
+        self._metrics[PREFIX + "step_norm"] = float((_sum_over_ranks(step_sq) if self._sharded else step_sq).sqrt())
+        self._stats["before"], self._stats["first_step"] = sequence_sums(at_theta), sequence_sums(plus)
+        for estimator, per_prompt in dots.items():
+            # by backward: this rank's shard sums, whose sum over ranks is per prompt index the mean over ranks
+            if self._by_backward:
+                mean, se = _index_mean_and_se(_sum_over_ranks(per_prompt))
+            else:
+                mean, se = mean_and_se(per_prompt)
+            self._metrics[f"{PREFIX}deltaH1/{estimator}"] = mean
+            if math.isfinite(se):
+                self._metrics[f"{PREFIX}deltaH1_se/{estimator}"] = se
+        return grad_norm
+
+    def around(self, update: Callable[[], T]) -> tuple[T, dict[str, float]]:
+        """Run ``update()`` (verl's update of the actor; it must call ``actor._optimizer_step``, looked up on the
+        instance) with this forecast, then :meth:`finish`: its result and the forecast's metrics. Outside verl's
+        trainer (tests, benchmarks); in it, the actor seam does the same around ``update_policy``."""
+        verl_step = self._actor._optimizer_step
+        with swapped(self._actor, "_optimizer_step", lambda: self.optimizer_step(verl_step)):
+            result = update()
+        return result, self.finish()
+
+    def finish(self) -> dict[str, float]:
+        """After verl's update: the realised change and the ``probe/*`` and ``timing_s/probe`` metrics (the same on
+        every rank)."""
+        update_s = time.perf_counter() - self._update_start - self._probe_s
+        if self._steps == 0:
+            raise RuntimeError(
+                "entropy forecast: verl's update took no optimizer step (DataParallelPPOActor._optimizer_step never "
+                "called)"
+            )
+        start = time.perf_counter()
+        before, budget = self._stats["before"], self._budget
+        first_step, first_step_se, h_before = realised_change(before, self._stats["first_step"], budget)
+        change, change_se = first_step, first_step_se  # one optimizer step: the whole update is the first step
+        if self._steps > 1:
+            after = sequence_sums(token_values(self._first, self._E, self._mb_prompts))
+            change, change_se, _ = realised_change(before, after, budget)
+        probe_s = self._probe_s + self._sample_s + time.perf_counter() - start
+        metrics = self._metrics
+        metrics[PREFIX + "deltaH_realised"] = change
+        metrics[PREFIX + "deltaH_realised_first_step"] = first_step
+        if math.isfinite(change_se):
+            metrics[PREFIX + "deltaH_realised_se"] = change_se
+            metrics[PREFIX + "deltaH_realised_first_step_se"] = first_step_se
+        metrics[PREFIX + "H_before"] = h_before
+        metrics[PREFIX + "optimizer_steps"] = float(self._steps)
+        metrics[PREFIX + "eval_prompts"] = float(self._prompts.total - self._prompts.left_out)
+        metrics[PREFIX + "sample_s"] = self._sample_s
+        metrics[PREFIX + "update_s"] = update_s
+        metrics["timing_s/probe"] = probe_s
+        metrics[PREFIX + "cost_ratio"] = probe_s / update_s if update_s > 0 else float("nan")
+        return metrics

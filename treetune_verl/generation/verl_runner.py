@@ -134,7 +134,7 @@ def engine_shaped_outputs(batch: Any, max_new_tokens: int, eos_token_ids: set[in
     ``stop``: the rollout carries no finish reason).
 
     Raises ``RuntimeError`` for a row without entropy (``has_rollout_entropy`` False: its zeros are not measured)."""
-    from treetune_verl.agent_loop.fields import HAS_ROLLOUT_ENTROPY_KEY, ROLLOUT_ENTROPY_KEY
+    from treetune_verl.batch_keys import HAS_ROLLOUT_ENTROPY_KEY, ROLLOUT_ENTROPY_KEY
     from treetune_verl.sglang.tokenizer_patches import META_INFO_ENTROPY_KEY
 
     prompt_length = batch.batch["prompts"].shape[1]

@@ -4,7 +4,9 @@
 
 - ``advantage``: the estimators ``grpo_valid`` / ``rloo_valid``, verl's GRPO / RLOO over each group's completed rows.
 - ``loss_aggregation``: the legacy FSDP actor's loss normalised over a mini-batch's completed rows, never NaN.
-- ``actor_setup``: the module named in ``actor_rollout_ref.model.external_lib``; installs the above in the workers.
+- ``entropy_advantage``: entropy steering (forking-token mask, entropy-shaped advantage) and its settings.
+- ``actor_setup``: deprecated alias of ``treetune_verl.trainer.actor_setup`` (the seams that call the above live in
+  ``treetune_verl/trainer/``).
 
 Importing this package imports nothing (no verl): each module is imported where it is needed.
 """

@@ -14,14 +14,98 @@ Two transformations of verl's per-token advantages ``[batch, response_length]``,
 - :func:`entropy_shaped_advantages` ("Reasoning with Exploration: An Entropy Perspective", Cheng et al., 2025):
   ``A + min(alpha * H, |A| / kappa)`` at each response token, ``H`` the rollout entropy (nats, detached: it is data).
 
-Entropies come from ``batch["rollout_entropy"]`` (float32 ``[batch, response_length]``, nats).
+Entropies come from ``batch["rollout_entropy"]`` (float32 ``[batch, response_length]``, nats). The settings
+(:class:`EntropySteering`, ``actor_rollout_ref.rollout.custom.entropy``) are read by the trainer from its own config;
+:func:`steer_advantages` applies both to a training batch (called by the ``compute_advantage`` seam,
+``treetune_verl/trainer/trainer_seams.py``).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import torch
+
+from treetune_verl.batch_keys import HAS_ROLLOUT_ENTROPY_KEY, ROLLOUT_ENTROPY_KEY
+from treetune_verl.rollout.rollout_config import CONFIG_PATH, ENTROPY_SECTION, read_key
+
+
+@dataclass(frozen=True)
+class EntropySteering:
+    """What the trainer does with rollout entropy (``custom.entropy``; all off by default).
+
+    ``pg_token_quantile``: train the policy gradient only on the top ``q`` share of response tokens by rollout
+    entropy (``None``: off). ``shaping_alpha`` / ``shaping_kappa``: the entropy-shaped advantage
+    ``A + min(alpha * H, |A| / kappa)`` (``shaping_alpha`` ``None``: off). Read by the trainer from its own config (``trainer_seams.py``).
+    """
+
+    pg_token_quantile: float | None = None
+    shaping_alpha: float | None = None
+    shaping_kappa: float = 2.0
+
+    @property
+    def active(self) -> bool:
+        return self.pg_token_quantile is not None or self.shaping_alpha is not None
+
+
+def entropy_steering(rollout_config: Any) -> EntropySteering:
+    """``EntropySteering`` from ``custom.entropy.{pg_token_quantile, advantage_shaping.{alpha, kappa}}``.
+
+    Raises:
+        ValueError: a quantile outside ``(0, 1]``, ``alpha < 0`` or ``kappa <= 1``, naming the key.
+    """
+    section = read_key(read_key(rollout_config, "custom"), ENTROPY_SECTION) or {}
+    where = f"{CONFIG_PATH}.custom.{ENTROPY_SECTION}"
+    quantile = read_key(section, "pg_token_quantile")
+    if quantile is not None and not 0.0 < float(quantile) <= 1.0:
+        raise ValueError(f"{where}.pg_token_quantile must be in (0, 1] or null, got {quantile}")
+    shaping = read_key(section, "advantage_shaping") or {}
+    alpha, kappa = read_key(shaping, "alpha"), float(read_key(shaping, "kappa", 2.0))
+    if alpha is not None and (float(alpha) < 0 or kappa <= 1):
+        raise ValueError(f"{where}.advantage_shaping needs alpha >= 0 and kappa > 1, got alpha={alpha}, kappa={kappa}")
+    return EntropySteering(
+        pg_token_quantile=None if quantile is None else float(quantile),
+        shaping_alpha=None if alpha is None else float(alpha),
+        shaping_kappa=kappa,
+    )
+
+
+def steer_advantages(batch: Any, steering: EntropySteering) -> dict[str, float]:
+    """Reshape ``batch.batch["advantages"]`` in place from ``rollout_entropy``; returns the step's metrics.
+
+    Entropy shaping first (``entropy_advantage/{bonus_mean,capped_share}``), then the forking-token mask
+    (``pg_token_mask/{threshold,kept_share,entropy_kept_mean,entropy_dropped_mean}``), both over the
+    ``response_mask`` tokens of the whole training batch.
+
+    Raises:
+        ValueError: the batch has no ``rollout_entropy``, or rows whose loop carries none (their zeros are not
+            entropies: they would all be dropped as the least uncertain tokens).
+    """
+    tensors = batch.batch
+    entropy = tensors.get(ROLLOUT_ENTROPY_KEY, None)
+    if entropy is None:
+        raise ValueError(f"entropy steering needs batch[{ROLLOUT_ENTROPY_KEY!r}]: is the override block on?")
+    has_entropy = tensors.get(HAS_ROLLOUT_ENTROPY_KEY, None)
+    if has_entropy is not None and not bool(has_entropy.all()):
+        rows = (~has_entropy.bool()).nonzero().flatten().tolist()
+        raise ValueError(
+            f"entropy steering: rows {rows[:10]} carry no rollout entropy (stock verl agent loops?); use the entropy "
+            "loops for every row (README, 'Rollout entropy in verl')"
+        )
+    mask, advantages, metrics = tensors["response_mask"], tensors["advantages"], {}
+    if steering.shaping_alpha is not None:
+        advantages, shaping = entropy_shaped_advantages(
+            advantages, entropy, mask, steering.shaping_alpha, steering.shaping_kappa
+        )
+        metrics |= {f"entropy_advantage/{key}": value for key, value in shaping.items()}
+    if steering.pg_token_quantile is not None:
+        keep, forking = forking_token_mask(entropy, mask, steering.pg_token_quantile)
+        advantages = mask_advantages(advantages, keep, mask)
+        metrics |= {f"pg_token_mask/{key}": value for key, value in forking.items()}
+    tensors["advantages"] = advantages
+    return metrics
 
 
 def forking_token_mask(

@@ -28,18 +28,16 @@ loss 0 and zero gradients, and the optimizer step still happens (as verl's does;
 parameters can still move). Each rank's ``actor/pg_loss`` is then its share of the global loss times the
 data-parallel size, so its mean over ranks is the global mini-batch loss (summed over mini-batches, as verl sums it).
 
-Mechanism, three one-attribute patches (idempotent, guarded by verl's version and the exact signatures):
-
-- ``DataParallelPPOActor.update_policy``: when the batch has ``rollout_aborted`` (every rank's chunk has it or
-  none has), counts C and T per mini-batch exactly as verl splits (``data.split(ppo_mini_batch_size)``, repeated for
-  each of ``ppo_epochs``) and the aborted rows, and sums them over the data-parallel ranks (one small all-reduce: a
-  rank without aborted rows of its own must still take part). If some row is aborted, it runs verl's
-  ``update_policy`` inside a normalisation context that moves to the next mini-batch at each ``_optimizer_step``
-  (dp_actor calls it once at the end of a mini-batch); otherwise verl's ``update_policy`` untouched.
-- ``core_algos.agg_loss`` (looked up as a module global by the policy losses) and ``dp_actor.agg_loss`` (imported
-  by name for the entropy and KL terms): inside the context, verl's own ``agg_loss`` with the mini-batch's global
-  C and T and the data-parallel size, divided by the micro-batch's ``loss_scale_factor`` that dp_actor is about to
-  multiply by. Outside it, verl's ``agg_loss`` unchanged, except that a zero denominator gives 0 instead of NaN.
+Mechanism (the seams are ``treetune_verl/trainer/actor_seams.py``'s): around ``DataParallelPPOActor.update_policy``,
+:func:`normalisation_for` counts C and T per mini-batch exactly as verl splits (``data.split(ppo_mini_batch_size)``,
+repeated for each of ``ppo_epochs``) and the aborted rows, summed over the data-parallel ranks (one small all-reduce:
+a rank without aborted rows of its own must still take part). If some row is aborted, verl's ``update_policy`` runs
+with that :class:`MiniBatchNormalisation` active: it moves to the next mini-batch at each ``_optimizer_step`` (dp_actor
+calls it once at the end of a mini-batch), and verl's ``agg_loss`` (``core_algos.agg_loss``, looked up as a module
+global by the policy losses, and ``dp_actor.agg_loss``, imported by name for the entropy and KL terms) goes through
+:func:`aggregate`: verl's own ``agg_loss`` with the mini-batch's global C and T and the data-parallel size, divided by
+the micro-batch's ``loss_scale_factor`` that dp_actor is about to multiply by. Outside it, verl's ``agg_loss``
+unchanged, except that a zero denominator gives 0 instead of NaN.
 
 Not handled: the new worker implementation (``trainer.use_legacy_worker_impl=disable``: ``verl/workers/utils/
 losses.py`` ``ppo_loss`` already normalises ``token-mean`` by the global token count, but divides the seq-mean
@@ -49,32 +47,15 @@ parallelism (refused: the counts would be summed over sequence-parallel ranks to
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from treetune_verl.patching import original_of, replace_attr
-from treetune_verl.verl_guard import check_signature, require_verl, undecorated
+from treetune_verl.batch_keys import ROLLOUT_ABORTED_KEY
 
-__all__ = ["ABORTED_KEY", "install", "mini_batch_counts"]
-
-ABORTED_KEY = "rollout_aborted"  # batch key: bool [batch], True for a row whose rollout was aborted
-
-# Signatures the wrappers repeat: verl 0.7.1 trainer/ppo/core_algos.py, workers/actor/dp_actor.py.
-AGG_LOSS_PARAMS = (
-    "loss_mat",
-    "loss_mask",
-    "loss_agg_mode",
-    "dp_size",
-    "batch_num_tokens",
-    "global_batch_size",
-    "loss_scale_factor",
-)
-UPDATE_POLICY_PARAMS = ("self", "data")
-OPTIMIZER_STEP_PARAMS = ("self",)
+__all__ = ["MiniBatchNormalisation", "aggregate", "mini_batch_counts", "normalisation_for"]
 
 
 def mini_batch_counts(response_mask: torch.Tensor, mini_batch_size: int) -> torch.Tensor:
@@ -107,13 +88,20 @@ def _all_reduce_counts(counts: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 
 @dataclass
-class _MiniBatchNormalisation:
+class MiniBatchNormalisation:
     """What ``agg_loss`` needs during one ``update_policy`` call: the global counts and where in them it is."""
 
     actor: Any  # the DataParallelPPOActor: its loss_scale_factor inputs
     counts: list[list[int]]  # [num_mini_batches][completed rows, completed tokens], global
     dp_size: int
     optimizer_steps: int = 0
+
+    def optimizer_step(self, step: Callable[[], Any]) -> Any:
+        """verl's ``_optimizer_step`` (``step``), then the next mini-batch's counts."""
+        try:
+            return step()
+        finally:
+            self.optimizer_steps += 1
 
     def aggregate(
         self,
@@ -137,38 +125,31 @@ class _MiniBatchNormalisation:
         return loss / micro_scale
 
 
-_ACTIVE: _MiniBatchNormalisation | None = None
+def normalisation_for(actor: Any, data: Any) -> MiniBatchNormalisation | None:
+    """The normalisation ``actor.update_policy(data)`` needs: ``None`` when no row of the global batch is aborted
+    (or the batch has no ``rollout_aborted``), verl's loss unchanged then.
 
+    Every rank holds the key (its chunk of the same batch), but maybe no aborted row of its own: the decision must be
+    the same on all ranks, so it is taken after the all-reduce.
 
-@contextlib.contextmanager
-def _normalising(normalisation: _MiniBatchNormalisation) -> Iterator[None]:
-    """Activate ``normalisation`` for ``agg_loss``, and advance it at each of the actor's optimizer steps.
-
-    ``_optimizer_step`` is wrapped as an instance attribute for the duration only (restored also on exceptions).
+    Raises:
+        NotImplementedError: aborted rows with Ulysses sequence parallelism (the counts would be summed over
+            sequence-parallel ranks too).
     """
-    global _ACTIVE
-    actor = normalisation.actor
-    own = vars(actor)
-    had_own_step = "_optimizer_step" in own
-    previous_own_step = own.get("_optimizer_step")
-    step = actor._optimizer_step
-
-    def _optimizer_step():
-        try:
-            return step()
-        finally:
-            normalisation.optimizer_steps += 1
-
-    previous_active, _ACTIVE = _ACTIVE, normalisation
-    actor._optimizer_step = _optimizer_step
-    try:
-        yield
-    finally:
-        _ACTIVE = previous_active
-        if had_own_step:
-            actor._optimizer_step = previous_own_step
-        else:
-            del actor._optimizer_step
+    aborted = data.batch.get(ROLLOUT_ABORTED_KEY, None) if data.batch is not None else None
+    if aborted is None:
+        return None
+    counts = mini_batch_counts(data.batch["response_mask"], actor.config.ppo_mini_batch_size)
+    summed, dp_size = _all_reduce_counts(torch.cat([counts.flatten(), aborted.sum().view(1).to(torch.int64)]))
+    if summed[-1] == 0:
+        return None
+    if actor.ulysses_sequence_parallel_size > 1:
+        raise NotImplementedError(
+            "treetune_verl.ppo.loss_aggregation: batches with aborted rollouts are not supported with "
+            f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={actor.ulysses_sequence_parallel_size}; "
+            "set it to 1."
+        )
+    return MiniBatchNormalisation(actor, summed[:-1].view(-1, 2).tolist(), dp_size)
 
 
 def _zero_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
@@ -178,74 +159,30 @@ def _zero_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
     return verl_F.masked_sum(loss_mat, loss_mask) * 0.0
 
 
-def _wrap_agg_loss(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    def agg_loss(
-        loss_mat: torch.Tensor,
-        loss_mask: torch.Tensor,
-        loss_agg_mode: str,
-        dp_size: int = 1,
-        batch_num_tokens: int | None = None,
-        global_batch_size: int | None = None,
-        loss_scale_factor: int | None = None,
-    ) -> torch.Tensor:
-        global_info = dp_size != 1 or batch_num_tokens is not None or global_batch_size is not None
-        if _ACTIVE is not None and not global_info:
-            return _ACTIVE.aggregate(original, loss_mat, loss_mask, loss_agg_mode, loss_scale_factor)
-        if _ACTIVE is not None:
-            raise RuntimeError(
-                "treetune_verl.ppo.loss_aggregation: agg_loss got global batch info inside the legacy actor's "
-                "update_policy; this verl does not match the one the patch was written for."
-            )
-        denominator = batch_num_tokens if loss_agg_mode == "token-mean" else global_batch_size
-        if (denominator == 0) if denominator is not None else not bool(loss_mask.any()):
-            return _zero_loss(loss_mat, loss_mask)
-        return original(
-            loss_mat, loss_mask, loss_agg_mode, dp_size, batch_num_tokens, global_batch_size, loss_scale_factor
-        )
+def aggregate(
+    agg_loss: Callable[..., torch.Tensor],
+    active: MiniBatchNormalisation | None,
+    loss_mat: torch.Tensor,
+    loss_mask: torch.Tensor,
+    loss_agg_mode: str,
+    global_args: tuple[int, int | None, int | None, int | None],
+) -> torch.Tensor:
+    """verl's ``agg_loss`` (passed in) over the completed rows when ``active`` (inside ``update_policy`` of a batch
+    with aborted rows); otherwise verl's, with 0 instead of NaN for a zero denominator.
 
-    return agg_loss
-
-
-def _wrap_update_policy(original: Callable[..., Any]) -> Callable[..., Any]:
-    def update_policy(self, data):
-        aborted = data.batch.get(ABORTED_KEY, None) if data.batch is not None else None
-        if aborted is None:
-            return original(self, data)
-        # Every rank holds the key (its chunk of the same batch), but maybe no aborted row of its own: the decision
-        # to normalise must be the same on all ranks, so it is taken after the all-reduce.
-        counts = mini_batch_counts(data.batch["response_mask"], self.config.ppo_mini_batch_size)
-        summed, dp_size = _all_reduce_counts(torch.cat([counts.flatten(), aborted.sum().view(1).to(torch.int64)]))
-        if summed[-1] == 0:
-            return original(self, data)
-        if self.ulysses_sequence_parallel_size > 1:
-            raise NotImplementedError(
-                "treetune_verl.ppo.loss_aggregation: batches with aborted rollouts are not supported with "
-                f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={self.ulysses_sequence_parallel_size}; "
-                "set it to 1."
-            )
-        with _normalising(_MiniBatchNormalisation(self, summed[:-1].view(-1, 2).tolist(), dp_size)):
-            return original(self, data)
-
-    return update_policy
-
-
-def install() -> None:
-    """Install the three patches in this process (idempotent); a worker does it by importing ``actor_setup``.
-
-    Raises:
-        UnsupportedVerlError: another verl version, or a changed signature of a wrapped function.
+    ``global_args``: verl's ``(dp_size, batch_num_tokens, global_batch_size, loss_scale_factor)`` as the caller gave
+    them.
     """
-    from verl.trainer.ppo import core_algos
-    from verl.workers.actor import dp_actor
-
-    require_verl("loss aggregation for aborted rollouts")
-    actor = dp_actor.DataParallelPPOActor
-    check_signature(core_algos.agg_loss, AGG_LOSS_PARAMS, "core_algos.agg_loss")
-    check_signature(dp_actor.agg_loss, AGG_LOSS_PARAMS, "dp_actor.agg_loss")
-    check_signature(
-        undecorated(original_of(actor.update_policy)), UPDATE_POLICY_PARAMS, "DataParallelPPOActor.update_policy"
-    )
-    check_signature(actor._optimizer_step, OPTIMIZER_STEP_PARAMS, "DataParallelPPOActor._optimizer_step")
-    replace_attr(core_algos, "agg_loss", _wrap_agg_loss)
-    replace_attr(dp_actor, "agg_loss", _wrap_agg_loss)
-    replace_attr(actor, "update_policy", _wrap_update_policy)
+    dp_size, batch_num_tokens, global_batch_size, loss_scale_factor = global_args
+    global_info = dp_size != 1 or batch_num_tokens is not None or global_batch_size is not None
+    if active is not None and not global_info:
+        return active.aggregate(agg_loss, loss_mat, loss_mask, loss_agg_mode, loss_scale_factor)
+    if active is not None:
+        raise RuntimeError(
+            "treetune_verl.ppo.loss_aggregation: agg_loss got global batch info inside the legacy actor's "
+            "update_policy; this verl does not match the one the patch was written for."
+        )
+    denominator = batch_num_tokens if loss_agg_mode == "token-mean" else global_batch_size
+    if (denominator == 0) if denominator is not None else not bool(loss_mask.any()):
+        return _zero_loss(loss_mat, loss_mask)
+    return agg_loss(loss_mat, loss_mask, loss_agg_mode, *global_args)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 
 from treetune_verl.sglang.config import EntropyConfig
-from treetune_verl.sglang.patching import check_sglang_version, check_signature, replace_attr
+from treetune_verl.sglang.patching import SGLANG, Wrap, check_sglang_version
 from treetune_verl.sglang.scheduler_process import custom_run_scheduler_process
 from treetune_verl.sglang.server_args import check_server_args
 from treetune_verl.sglang.tokenizer_patches import apply_tokenizer_patches
@@ -45,10 +45,9 @@ def install(top_k: int | None = 0, mode: str = "raw") -> EntropyConfig:
     check_sglang_version()
     from sglang.srt.entrypoints import engine as engine_mod
 
-    check_signature(engine_mod._launch_subprocesses, _LAUNCH_PARAMS, "sglang engine._launch_subprocesses")
+    SGLANG.wrap(Wrap(engine_mod, "_launch_subprocesses", _wrap_launch, _LAUNCH_PARAMS, "engine._launch_subprocesses"))
     config.export()
     engine_mod.run_scheduler_process = custom_run_scheduler_process
-    replace_attr(engine_mod, "_launch_subprocesses", _wrap_launch)
     apply_tokenizer_patches()
     return config
 

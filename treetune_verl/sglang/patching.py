@@ -1,27 +1,23 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""Guards shared by every sglang patch: pinned version, exact wrapped signatures, idempotent replacement.
+"""sglang as an :class:`~treetune_verl.patching.Upstream`: the pinned version and the error every sglang patch raises.
 
-A patch replaces exactly one upstream attribute, keeps the original on the replacement (``__treetune_original__``)
-and refuses to run against anything but the version and signatures it was written for: these patches reach into
-sglang internals that change between releases, and a silent no-op would return wrong or missing entropy. The
-replacement mechanics are the package's shared ones (``treetune_verl/patching.py``); the version and the error are
-sglang's.
+These patches reach into sglang internals that change between releases, and a silent no-op would return wrong or
+missing entropy, so each one goes through :data:`SGLANG`'s ``require`` and ``wrap`` (or ``check_signature``): the
+mechanics are the package's one mechanism (``treetune_verl/patching.py``).
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Sequence
-from typing import Any
-
-from treetune_verl.patching import ORIGINAL_ATTR, is_patched, original_of, replace_attr, signature_mismatch
+from treetune_verl.patching import ORIGINAL_ATTR, Upstream, Wrap, is_patched, original_of, replace_attr
 
 __all__ = [
     "ENV_ALLOW_UNSUPPORTED",
     "ORIGINAL_ATTR",
+    "SGLANG",
     "SUPPORTED_SGLANG_VERSIONS",
     "UnsupportedSGLangError",
+    "Wrap",
     "check_sglang_version",
     "check_signature",
     "is_patched",
@@ -38,25 +34,10 @@ class UnsupportedSGLangError(RuntimeError):
     """The installed sglang is not one the entropy patches were written and tested for."""
 
 
+SGLANG = Upstream("sglang", SUPPORTED_SGLANG_VERSIONS, UnsupportedSGLangError, allow_env=ENV_ALLOW_UNSUPPORTED)
+check_signature = SGLANG.check_signature
+
+
 def check_sglang_version() -> str:
     """Return the installed sglang version, or raise naming the supported ones."""
-    import sglang
-
-    version = getattr(sglang, "__version__", "unknown")
-    if version not in SUPPORTED_SGLANG_VERSIONS and os.environ.get(ENV_ALLOW_UNSUPPORTED) != "1":
-        raise UnsupportedSGLangError(
-            f"treetune_verl's sglang entropy patches support sglang {', '.join(SUPPORTED_SGLANG_VERSIONS)}; "
-            f"found {version}. Install sglang==0.5.6.post2 (set {ENV_ALLOW_UNSUPPORTED}=1 to try anyway)."
-        )
-    return version
-
-
-def check_signature(fn: Callable[..., Any], expected: Sequence[str], where: str) -> None:
-    """Raise unless ``fn`` takes exactly the parameters ``expected`` (names, in order)."""
-    found = signature_mismatch(fn, expected)
-    if found is not None:
-        raise UnsupportedSGLangError(
-            f"{where} has signature {found}, expected {tuple(expected)} (sglang "
-            f"{', '.join(SUPPORTED_SGLANG_VERSIONS)}): the entropy patch for it would be wrong. "
-            "Install sglang==0.5.6.post2."
-        )
+    return SGLANG.require("sglang entropy patches")

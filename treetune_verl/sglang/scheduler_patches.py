@@ -19,7 +19,7 @@ import functools
 from typing import Any
 
 from treetune_verl.sglang.config import EntropyConfig
-from treetune_verl.sglang.patching import check_sglang_version, check_signature, is_patched, original_of, replace_attr
+from treetune_verl.sglang.patching import SGLANG, Wrap, check_sglang_version, is_patched, replace_attr
 from treetune_verl.sglang.sampler import LOGITS_OUTPUT_ENTROPY_ATTR, SAMPLER_FORWARD_PARAMS, make_entropy_sampler
 from treetune_verl.sglang.server_args import check_server_args
 from treetune_verl.sglang.store import EntropyStore
@@ -105,7 +105,7 @@ def wrap_sender(sender: Any, store: EntropyStore) -> None:
 
     if is_patched(sender, "send_output"):
         return
-    check_signature(type(sender).send_output, _SEND_OUTPUT_PARAMS, "scheduler SenderWrapper.send_output")
+    SGLANG.check_signature(type(sender).send_output, _SEND_OUTPUT_PARAMS, "scheduler SenderWrapper.send_output")
 
     def make(original):
         def send_output(output, recv_obj=None):
@@ -153,27 +153,27 @@ def apply_scheduler_patches(config: EntropyConfig, server_args: Any = None) -> N
 
     from sglang.srt.layers import sampler as sampler_mod
     from sglang.srt.managers.scheduler import Scheduler
-    from sglang.srt.managers.scheduler_output_processor_mixin import SchedulerOutputProcessorMixin
     from sglang.srt.model_executor import model_runner as model_runner_mod
 
-    check_signature(original_of(sampler_mod.Sampler).forward, SAMPLER_FORWARD_PARAMS, "sglang Sampler.forward")
-    check_signature(
-        SchedulerOutputProcessorMixin.process_batch_result_prefill,
-        _RESULT_HANDLER_PARAMS,
-        "process_batch_result_prefill",
-    )
-    check_signature(
-        SchedulerOutputProcessorMixin.process_batch_result_decode, _RESULT_HANDLER_PARAMS, "process_batch_result_decode"
-    )
-    check_signature(Scheduler.init_sockets, _INIT_SOCKETS_PARAMS, "Scheduler.init_sockets")
-    check_signature(Scheduler.get_internal_state, _INTERNAL_STATE_PARAMS, "Scheduler.get_internal_state")
-
     # The Sampler is looked up by name in model_runner when ModelRunner.initialize() runs; patch both names.
-    replace_attr(sampler_mod, "Sampler", make_entropy_sampler)
+    SGLANG.wrap(
+        Wrap(sampler_mod, "Sampler", make_entropy_sampler, SAMPLER_FORWARD_PARAMS, "Sampler.forward", _forward_of),
+        Wrap(Scheduler, "process_batch_result_prefill", _prefill_pre_hook, _RESULT_HANDLER_PARAMS),
+        Wrap(Scheduler, "process_batch_result_decode", _decode_pre_hook, _RESULT_HANDLER_PARAMS),
+        Wrap(Scheduler, "init_sockets", _wrap_init_sockets, _INIT_SOCKETS_PARAMS, "Scheduler.init_sockets"),
+        Wrap(Scheduler, "get_internal_state", _wrap_get_internal_state, _INTERNAL_STATE_PARAMS),
+    )
     model_runner_mod.Sampler = sampler_mod.Sampler
     sampler_mod.Sampler.entropy_config = config
 
-    replace_attr(Scheduler, "process_batch_result_prefill", lambda orig: _pre_hook(orig, _prefill_rows))
-    replace_attr(Scheduler, "process_batch_result_decode", lambda orig: _pre_hook(orig, _decode_rows))
-    replace_attr(Scheduler, "init_sockets", _wrap_init_sockets)
-    replace_attr(Scheduler, "get_internal_state", _wrap_get_internal_state)
+
+def _forward_of(sampler_class: Any) -> Any:
+    return sampler_class.forward
+
+
+def _prefill_pre_hook(original):
+    return _pre_hook(original, _prefill_rows)
+
+
+def _decode_pre_hook(original):
+    return _pre_hook(original, _decode_rows)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 
-from treetune_verl.sglang.patching import check_sglang_version, check_signature, replace_attr
+from treetune_verl.sglang.patching import SGLANG, Wrap, check_sglang_version
 
 logger = logging.getLogger(__name__)
 
@@ -95,9 +95,19 @@ def apply_tokenizer_patches() -> None:
     check_sglang_version()
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
-    check_signature(TokenizerManager.convert_logprob_style, _CONVERT_PARAMS, "TokenizerManager.convert_logprob_style")
-    check_signature(
-        TokenizerManager.add_logprob_to_meta_info, _ADD_TO_META_PARAMS, "TokenizerManager.add_logprob_to_meta_info"
+    SGLANG.wrap(
+        Wrap(
+            TokenizerManager,
+            "convert_logprob_style",
+            _wrap_convert,
+            _CONVERT_PARAMS,
+            "TokenizerManager.convert_logprob_style",
+        ),
+        Wrap(
+            TokenizerManager,
+            "add_logprob_to_meta_info",
+            _wrap_add_to_meta,
+            _ADD_TO_META_PARAMS,
+            "TokenizerManager.add_logprob_to_meta_info",
+        ),
     )
-    replace_attr(TokenizerManager, "convert_logprob_style", _wrap_convert)
-    replace_attr(TokenizerManager, "add_logprob_to_meta_info", _wrap_add_to_meta)

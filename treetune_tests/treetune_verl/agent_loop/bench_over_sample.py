@@ -43,7 +43,7 @@ from treetune_tests.treetune_verl.agent_loop.standalone import (  # noqa: E402
 )
 from treetune_tests.treetune_verl.agent_loop.test_over_sample_standalone_on_cpu import _over_sample_config  # noqa: E402
 from treetune_tests.treetune_verl.sglang.bench_entropy_throughput import median_ci95  # noqa: E402
-from treetune_verl.agent_loop.fields import ROLLOUT_ABORTED_KEY  # noqa: E402
+from treetune_verl.batch_keys import ROLLOUT_ABORTED_KEY  # noqa: E402
 
 RATES = {"rate0": 0.0, "rate0.25": 0.25}
 

@@ -18,17 +18,11 @@ import torch
 from omegaconf import OmegaConf
 from verl.protocol import DataProto
 
-from treetune_verl.agent_loop.metrics import over_sample_metrics
-from treetune_verl.agent_loop.over_sample import (
-    CompletionCounter,
-    OverSampleStep,
-    StepCounter,
-    check_over_sample_config,
-    completion_target,
-    over_sample_rate,
-)
-from treetune_verl.agent_loop.trainer_hooks import _wrap_extract_reward
+from treetune_verl.agent_loop.over_sample import CompletionCounter, OverSampleStep, StepCounter, completion_target
 from treetune_verl.rollout.session import new_session_id
+from treetune_verl.trainer.features import check_over_sample_config, over_sample_rate
+from treetune_verl.trainer.metrics import over_sample_metrics
+from treetune_verl.trainer.trainer_seams import _wrap_extract_reward
 
 
 @pytest.mark.parametrize(
@@ -52,7 +46,7 @@ def test_over_sample_rate_reads_verls_key_and_refuses_out_of_range():
 def _config(**overrides):
     config = {
         "algorithm": {"adv_estimator": "grpo_valid"},
-        "actor_rollout_ref": {"model": {"external_lib": "treetune_verl.ppo.actor_setup"}, "rollout": {}},
+        "actor_rollout_ref": {"model": {"external_lib": "treetune_verl.trainer.actor_setup"}, "rollout": {}},
         "trainer": {"use_legacy_worker_impl": "auto"},
     }
     config = OmegaConf.merge(OmegaConf.create(config), OmegaConf.create(overrides))
@@ -62,12 +56,14 @@ def _config(**overrides):
 def test_check_over_sample_config_refuses_settings_that_train_aborted_rows_wrongly():
     check_over_sample_config(_config())
     check_over_sample_config(
-        _config(actor_rollout_ref={"model": {"external_lib": ["mine", "treetune_verl.ppo.actor_setup"]}})
+        _config(actor_rollout_ref={"model": {"external_lib": ["mine", "treetune_verl.trainer.actor_setup"]}})
     )
+    for alias in ("treetune_verl.ppo.actor_setup", "treetune_verl.forecast.actor_setup"):  # deprecated names
+        check_over_sample_config(_config(actor_rollout_ref={"model": {"external_lib": alias}}))
     for estimator, fix in [("grpo", "grpo_valid"), ("rloo", "rloo_valid"), ("grpo_vectorized", "grpo_valid")]:
         with pytest.raises(ValueError, match=f"adv_estimator={fix}"):
             check_over_sample_config(_config(algorithm={"adv_estimator": estimator}))
-    with pytest.raises(ValueError, match="external_lib=treetune_verl.ppo.actor_setup"):
+    with pytest.raises(ValueError, match="external_lib=treetune_verl.trainer.actor_setup"):
         check_over_sample_config(_config(actor_rollout_ref={"model": {"external_lib": None}}))
     with pytest.raises(ValueError, match="use_legacy_worker_impl"):
         check_over_sample_config(_config(trainer={"use_legacy_worker_impl": "disable"}))

@@ -48,8 +48,7 @@ from treetune_tests.treetune_verl.agent_loop.standalone import (
     teacher_forced,
 )
 from treetune_verl.agent_loop import ROLLOUT_ENTROPY_KEY, EntropyAgentLoopManager
-from treetune_verl.agent_loop.fields import ROLLOUT_ABORTED_KEY
-from treetune_verl.agent_loop.trainer_hooks import PENDING_METRICS_KEY
+from treetune_verl.batch_keys import PENDING_METRICS_KEY, ROLLOUT_ABORTED_KEY
 from treetune_verl.config import AGENT_LOOPS_YAML
 from treetune_verl.sglang.scheduler_patches import INTERNAL_STATE_KEY
 
@@ -87,7 +86,7 @@ def _over_sample_config(model_path, workdir):
         config.actor_rollout_ref.rollout.over_sample_rate = RATE
         config.actor_rollout_ref.rollout.agent.agent_loop_config_path = str(workdir / "loops.yaml")
         config.algorithm.adv_estimator = "grpo_valid"
-        config.actor_rollout_ref.model.external_lib = "treetune_verl.ppo.actor_setup"
+        config.actor_rollout_ref.model.external_lib = "treetune_verl.trainer.actor_setup"
     return config
 
 

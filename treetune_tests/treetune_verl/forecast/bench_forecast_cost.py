@@ -5,7 +5,7 @@
 verl 0.7.1's real ``DataParallelPPOActor`` on an FSDP2-wrapped model (one gloo rank, CPU), AdamW, batches shaped
 like the e2e run's (``--prompts`` prompts x ``--n`` responses of ``--response-length`` tokens, random token ids; the
 cost does not depend on the ids). Each round trains on two fresh batches of the same shape, one with plain
-``update_policy`` (arm ``update``) and one through ``forecast_update`` (arm ``forecast``), in an order that alternates
+``update_policy`` (arm ``update``) and one through ``ForecastRun.around`` (arm ``forecast``), in an order that alternates
 ABBA across rounds so that a drift of the shared machine hits both arms alike. Reported:
 
 - ``ratio_vs_update``: the forecast's own seconds (``timing_s/probe``: sampling E, the X passes of both estimators,
@@ -41,7 +41,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from treetune_tests.treetune_verl.sglang.bench_entropy_throughput import median_ci95  # noqa: E402
-from treetune_verl.forecast.live import ForecastState, forecast_update  # noqa: E402
+from treetune_verl.forecast.live import ForecastRun, ForecastState  # noqa: E402
 from treetune_verl.forecast.settings import ForecastSettings  # noqa: E402
 
 
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                 record["update_s"] = time.perf_counter() - start
             else:
                 update = functools.partial(type(actor).update_policy, actor, data)
-                _, metrics = forecast_update(actor, data, settings, state, args.n, [0], update)
+                _, metrics = ForecastRun(actor, data, settings, state, args.n, [0]).around(update)
                 record.update(
                     {
                         k: float(v)

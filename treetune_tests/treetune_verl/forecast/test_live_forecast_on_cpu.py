@@ -27,7 +27,7 @@ from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.config import FSDPActorConfig, FSDPEngineConfig
 
 from treetune_tests.tiny_model import tiny_causal_lm
-from treetune_verl.forecast.live import ForecastState, forecast_update
+from treetune_verl.forecast.live import ForecastRun, ForecastState
 from treetune_verl.forecast.settings import ForecastSettings
 from treetune_verl.patching import original_of
 from treetune_verl.probe.batch import make_probe_batch
@@ -135,7 +135,7 @@ def _run(rank: int, world: int, store: str, out_dir: str, mini_rows: int, compar
         update = original_of(DataParallelPPOActor.update_policy)
         state = ForecastState()
         settings = dataclasses.replace(SETTINGS, method=method)
-        verl_metrics, metrics = forecast_update(actor, data, settings, state, N, [1], lambda: update(actor, data))
+        verl_metrics, metrics = ForecastRun(actor, data, settings, state, N, [1]).around(lambda: update(actor, data))
         after = _full(model)
         step_norm = math.sqrt(sum(float((after[n].double() - before[n].double()).pow(2).sum()) for n in before))
         result = {"metrics": metrics, "verl": verl_metrics, "real_step_norm": step_norm, "E": state.last_eval}

@@ -1,7 +1,8 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
 """The forecast's config (the Hydra block composed with verl 0.7.1's ``ppo_trainer``, refusals naming the key), its
-worker patch (guards, idempotence, every-k schedule), E's prompts from a ``DataProto``, and the PNG plot."""
+actor seams (guards, idempotence, every-k schedule, the forecast at the first optimizer step inside the loss fix's
+step counter), E's prompts from a ``DataProto``, and the PNG plot."""
 
 from __future__ import annotations
 
@@ -15,13 +16,16 @@ import torch
 import verl
 from omegaconf import OmegaConf
 from verl import DataProto
+from verl.trainer.ppo import core_algos, rollout_corr_helper
+from verl.workers.actor import dp_actor
 from verl.workers.fsdp_workers import ActorRolloutRefWorker
 
-from treetune_verl.forecast import live, worker_hook
+from treetune_verl.forecast import live
 from treetune_verl.forecast.plot import plot_forecast, read_forecasts
 from treetune_verl.forecast.settings import SECTION, ForecastSettings, forecast_settings
 from treetune_verl.forecast.verl_batch import eval_prompts
 from treetune_verl.patching import is_patched, original_of
+from treetune_verl.trainer import actor_seams
 from treetune_verl.verl_guard import UnsupportedVerlError
 
 BLOCK = ["hydra.searchpath=[pkg://treetune_verl.config]", "+treetune_forecast=entropy_forecast"]
@@ -37,7 +41,7 @@ def _compose(overrides: list[str]):
 
 def test_block_composes_alone_and_after_the_rollout_entropy_block():
     alone = _compose(BLOCK).actor_rollout_ref
-    assert alone.model.external_lib == "treetune_verl.forecast.actor_setup"
+    assert alone.model.external_lib == "treetune_verl.trainer.actor_setup"  # the one actor entry point
     assert forecast_settings(alone.rollout) == ForecastSettings()
     both = _compose(
         [BLOCK[0], "+treetune=rollout_entropy", BLOCK[1], "actor_rollout_ref.rollout.custom.entropy_forecast.every=3"]
@@ -83,25 +87,35 @@ def test_probe_settings_reach_the_probe_config():
     assert config.estimator.x_estimator_mode == "naive" and config.estimator.baseline.mode == "none"
 
 
+SEAMS = [
+    (ActorRolloutRefWorker, "update_actor"),
+    (dp_actor.DataParallelPPOActor, "update_policy"),
+    (core_algos, "agg_loss"),
+    (dp_actor, "agg_loss"),
+    (rollout_corr_helper, "compute_rollout_corr_metrics_from_logprobs"),
+]
+
+
 @pytest.fixture
 def upstream(monkeypatch):
-    monkeypatch.setattr(ActorRolloutRefWorker, "update_actor", original_of(ActorRolloutRefWorker.update_actor))
+    for owner, name in SEAMS:
+        monkeypatch.setattr(owner, name, original_of(getattr(owner, name)))  # restored after the test
 
 
 def test_install_is_idempotent_and_keeps_verls_dispatch_attributes(upstream):
     from verl.single_controller.base.decorator import MAGIC_ATTR
 
-    worker_hook.install()
+    actor_seams.install()
     first = ActorRolloutRefWorker.update_actor
-    worker_hook.install()
-    assert ActorRolloutRefWorker.update_actor is first and is_patched(ActorRolloutRefWorker, "update_actor")
+    actor_seams.install()
+    assert ActorRolloutRefWorker.update_actor is first and all(is_patched(owner, name) for owner, name in SEAMS)
     assert getattr(first, MAGIC_ATTR) == getattr(original_of(first), MAGIC_ATTR)
 
 
 def test_install_refuses_another_verl_or_a_changed_signature(upstream, monkeypatch):
     monkeypatch.setattr(verl, "__version__", "0.8.0")
     with pytest.raises(UnsupportedVerlError, match="0.7.1"):
-        worker_hook.install()
+        actor_seams.install()
     monkeypatch.setattr(verl, "__version__", "0.7.1")
 
     def update_actor(self, data, epoch=0):
@@ -109,21 +123,16 @@ def test_install_refuses_another_verl_or_a_changed_signature(upstream, monkeypat
 
     monkeypatch.setattr(ActorRolloutRefWorker, "update_actor", update_actor)
     with pytest.raises(UnsupportedVerlError, match="update_actor"):
-        worker_hook.install()
-    assert not is_patched(ActorRolloutRefWorker, "update_actor")
+        actor_seams.install()
+    assert not any(is_patched(owner, name) for owner, name in SEAMS)
 
 
-def test_the_hook_forecasts_every_kth_update_and_passes_the_others_through(monkeypatch):
-    forecasts = []
-
-    def fake_forecast(actor, data, settings, state, rollout_n, eos_token_ids, update):
-        forecasts.append((state.calls, rollout_n, eos_token_ids))
-        return update(), {"probe/deltaH1/naive": 0.5}
-
-    monkeypatch.setattr(worker_hook, "forecast_update", fake_forecast)
+def test_update_actor_asks_every_kth_update_for_a_forecast_and_passes_the_others_through():
+    requests = []
 
     class Actor:
         def update_policy(self, data):
+            requests.append(vars(self).get(actor_seams._FORECAST_REQUEST_ATTR))
             return {"actor/pg_loss": 1.0}
 
     def verl_update_actor(self, data):  # stands in for verl's: calls the actor's update_policy on the instance
@@ -135,13 +144,54 @@ def test_the_hook_forecasts_every_kth_update_and_passes_the_others_through(monke
         tokenizer=SimpleNamespace(pad_token_id=0, eos_token_id=7),
         generation_config=SimpleNamespace(eos_token_id=[5, 6]),
     )
-    hooked = worker_hook._wrap_update_actor(verl_update_actor)
+    hooked = actor_seams._wrap_update_actor(verl_update_actor)
     outputs = [hooked(worker, SimpleNamespace(meta_info={})) for _ in range(5)]
-    assert [c for c, _, _ in forecasts] == [1, 3, 5] and forecasts[0][1:] == (2, [5, 6])
-    assert outputs[0] == {"actor/pg_loss": 1.0, "probe/deltaH1/naive": 0.5} and outputs[1] == {"actor/pg_loss": 1.0}
-    assert "update_policy" not in vars(worker.actor)  # the per-call instance attribute is gone
+    assert outputs == [{"actor/pg_loss": 1.0}] * 5
+    asked = [r for r in requests if r is not None]
+    assert [i + 1 for i, r in enumerate(requests) if r is not None] == [1, 3, 5]  # calls 1, 1 + k, 1 + 2k
+    settings, state, rollout_n, eos_token_ids = asked[0]
+    assert settings.every == 2 and rollout_n == 2 and eos_token_ids == [5, 6] and state.calls == 5
+    assert actor_seams._FORECAST_REQUEST_ATTR not in vars(worker.actor)  # the per-call request is gone
     worker.config = OmegaConf.create({"rollout": {"n": 2, "custom": None}})
-    assert hooked(worker, SimpleNamespace(meta_info={})) == {"actor/pg_loss": 1.0} and len(forecasts) == 3
+    requests.clear()
+    assert hooked(worker, SimpleNamespace(meta_info={})) == {"actor/pg_loss": 1.0} and requests == [None]
+
+
+def test_update_policy_runs_the_forecast_inside_the_loss_fixs_step_counter(monkeypatch):
+    """With aborted rows and a forecast: ``_optimizer_step`` goes counter -> forecast -> verl, and the forecast's
+    metrics join verl's; both are gone after the call."""
+    calls = []
+
+    class Run:
+        def __init__(self, actor, data, settings, state, rollout_n, eos_token_ids):
+            calls.append("sample E")
+
+        def optimizer_step(self, verl_step):
+            calls.append("forecast")
+            return verl_step()
+
+        def finish(self):
+            return {"probe/deltaH1/naive": 0.5}
+
+    normalisation = SimpleNamespace(optimizer_step=lambda step: (calls.append("counter"), step())[1])
+    monkeypatch.setattr(actor_seams, "ForecastRun", Run)
+    monkeypatch.setattr(actor_seams, "normalisation_for", lambda actor, data: normalisation)
+
+    class Actor:
+        def _optimizer_step(self):
+            calls.append("verl")
+            return 1.5
+
+    def verl_update_policy(self, data):  # stands in for verl's: one optimizer step per mini-batch
+        assert actor_seams._ACTIVE_NORMALISATION is normalisation
+        return {"actor/grad_norm": [self._optimizer_step(), self._optimizer_step()]}
+
+    actor = Actor()
+    actor._treetune_forecast_request = ("settings", "state", 2, [0])
+    metrics = actor_seams._wrap_update_policy(verl_update_policy)(actor, None)
+    assert metrics == {"actor/grad_norm": [1.5, 1.5], "probe/deltaH1/naive": 0.5}
+    assert calls == ["sample E", "counter", "forecast", "verl", "counter", "forecast", "verl"]
+    assert "_optimizer_step" not in vars(actor) and actor_seams._ACTIVE_NORMALISATION is None
 
 
 def _rows(uids: list[str], prompts: list[list[int]]) -> DataProto:

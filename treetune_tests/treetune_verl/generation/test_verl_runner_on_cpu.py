@@ -14,7 +14,7 @@ import pytest
 import torch
 from verl.protocol import DataProto
 
-from treetune_verl.agent_loop.fields import HAS_ROLLOUT_ENTROPY_KEY, ROLLOUT_ENTROPY_KEY
+from treetune_verl.batch_keys import HAS_ROLLOUT_ENTROPY_KEY, ROLLOUT_ENTROPY_KEY
 from treetune_verl.generation.config import resolve_config
 from treetune_verl.generation.verl_runner import compose_verl_config, engine_shaped_outputs
 from treetune_verl.rollout.rollout_config import check_rollout_config

@@ -23,21 +23,29 @@ import torch
 import torch.distributed as dist
 import verl
 from verl import DataProto
-from verl.trainer.ppo import core_algos
+from verl.trainer.ppo import core_algos, rollout_corr_helper
 from verl.utils.seqlen_balancing import prepare_dynamic_batch
 from verl.workers.actor import dp_actor
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.config import FSDPActorConfig, FSDPEngineConfig
+from verl.workers.fsdp_workers import ActorRolloutRefWorker
 
 from treetune_tests.tiny_model import tiny_causal_lm
+from treetune_verl.batch_keys import ROLLOUT_ABORTED_KEY as ABORTED_KEY
 from treetune_verl.patching import is_patched, original_of
-from treetune_verl.ppo import loss_aggregation
-from treetune_verl.ppo.loss_aggregation import ABORTED_KEY, install
+from treetune_verl.trainer import actor_seams
+from treetune_verl.trainer.actor_seams import install
 from treetune_verl.verl_guard import UnsupportedVerlError
 
 PROMPT, RESPONSE, VOCAB = 3, 4, 32
 MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-PATCHED = [(core_algos, "agg_loss"), (dp_actor, "agg_loss"), (DataParallelPPOActor, "update_policy")]
+PATCHED = [
+    (core_algos, "agg_loss"),
+    (dp_actor, "agg_loss"),
+    (DataParallelPPOActor, "update_policy"),
+    (rollout_corr_helper, "compute_rollout_corr_metrics_from_logprobs"),
+    (ActorRolloutRefWorker, "update_actor"),
+]
 
 Grads = dict[str, torch.Tensor]
 
@@ -264,9 +272,7 @@ def test_install_is_idempotent(upstream):
     install()
     assert [getattr(owner, name) for owner, name in PATCHED] == first
     assert all(is_patched(owner, name) for owner, name in PATCHED)
-    assert inspect.signature(original_of(core_algos.agg_loss)).parameters.keys() == set(
-        loss_aggregation.AGG_LOSS_PARAMS
-    )
+    assert inspect.signature(original_of(core_algos.agg_loss)).parameters.keys() == set(actor_seams.AGG_LOSS_PARAMS)
 
 
 def test_install_refuses_a_changed_signature(upstream, monkeypatch):
@@ -284,7 +290,7 @@ def test_install_refuses_a_changed_signature(upstream, monkeypatch):
     monkeypatch.setattr(DataParallelPPOActor, "update_policy", update_policy)
     with pytest.raises(UnsupportedVerlError, match="update_policy"):
         install()
-    assert not is_patched(core_algos, "agg_loss") and not is_patched(DataParallelPPOActor, "update_policy")
+    assert not any(is_patched(owner, name) for owner, name in PATCHED)  # all or none
 
 
 def test_install_refuses_another_verl_version(upstream, monkeypatch):
@@ -305,13 +311,13 @@ def test_optimizer_step_and_context_are_restored_after_an_exception(patched, mon
     actor._optimizer_step = boom
     with pytest.raises(RuntimeError, match="boom"):
         actor.update_policy(data)
-    assert vars(actor)["_optimizer_step"] is boom and loss_aggregation._ACTIVE is None
+    assert vars(actor)["_optimizer_step"] is boom and actor_seams._ACTIVE_NORMALISATION is None
 
     del actor._optimizer_step
     monkeypatch.setattr(model, "forward", lambda *args, **kwargs: (_ for _ in ()).throw(RuntimeError("boom")))
     with pytest.raises(RuntimeError, match="boom"):
         actor.update_policy(data)
-    assert "_optimizer_step" not in vars(actor) and loss_aggregation._ACTIVE is None
+    assert "_optimizer_step" not in vars(actor) and actor_seams._ACTIVE_NORMALISATION is None
 
 
 def test_ulysses_sequence_parallel_is_refused(patched):
@@ -323,28 +329,43 @@ def test_ulysses_sequence_parallel_is_refused(patched):
 
 
 ACTOR_SETUP_SCRIPT = """
-import importlib
-from verl.trainer.ppo import core_algos
+import importlib, sys, warnings
+from verl.trainer.ppo import core_algos, rollout_corr_helper
 from verl.workers.actor import dp_actor
+from verl.workers.fsdp_workers import ActorRolloutRefWorker
 from treetune_verl.patching import is_patched
-import treetune_verl.ppo.actor_setup as actor_setup
 
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    importlib.import_module(sys.argv[1])
+warned = [w for w in caught if issubclass(w.category, DeprecationWarning) and "trainer.actor_setup" in str(w.message)]
+print("deprecated:", bool(warned))
 assert is_patched(core_algos, "agg_loss") and is_patched(dp_actor, "agg_loss")
 assert is_patched(dp_actor.DataParallelPPOActor, "update_policy")
-from verl.trainer.ppo import rollout_corr_helper
 assert is_patched(rollout_corr_helper, "compute_rollout_corr_metrics_from_logprobs")
+assert is_patched(ActorRolloutRefWorker, "update_actor")
 assert {"grpo_valid", "rloo_valid"} <= set(core_algos.ADV_ESTIMATOR_REGISTRY)
 import verl.workers.engine_workers  # what a worker of trainer.use_legacy_worker_impl=disable has imported
 try:
-    importlib.reload(actor_setup)
+    importlib.reload(importlib.import_module("treetune_verl.trainer.actor_setup"))
 except RuntimeError as error:
     print(error)
 """
 
 
-def test_actor_setup_installs_in_a_legacy_worker_and_refuses_the_new_one():
-    result = subprocess.run([sys.executable, "-c", ACTOR_SETUP_SCRIPT], capture_output=True, text=True, timeout=120)
+@pytest.mark.parametrize(
+    ("module", "deprecated"),
+    [
+        ("treetune_verl.trainer.actor_setup", False),
+        ("treetune_verl.ppo.actor_setup", True),  # the old names install the same, with a warning
+        ("treetune_verl.forecast.actor_setup", True),
+    ],
+)
+def test_actor_setup_installs_in_a_legacy_worker_and_refuses_the_new_one(module, deprecated):
+    command = [sys.executable, "-c", ACTOR_SETUP_SCRIPT, module]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert f"deprecated: {deprecated}" in result.stdout
     assert "trainer.use_legacy_worker_impl=auto" in result.stdout
 
 

@@ -108,9 +108,11 @@ def test_changed_upstream_signature_refuses_before_patching_anything(pristine, m
     def process_batch_result_decode(self, batch, result, extra=None):
         pass
 
+    # Scheduler inherits it from the mixin; the pristine fixture gave Scheduler its own attribute, so set both.
     monkeypatch.setattr(
         mixin_mod.SchedulerOutputProcessorMixin, "process_batch_result_decode", process_batch_result_decode
     )
+    monkeypatch.setattr(Scheduler, "process_batch_result_decode", process_batch_result_decode)
     before = current(SCHEDULER_TARGETS)
     with pytest.raises(UnsupportedSGLangError, match=r"process_batch_result_decode.*0\.5\.6\.post2"):
         apply_scheduler_patches(EntropyConfig())

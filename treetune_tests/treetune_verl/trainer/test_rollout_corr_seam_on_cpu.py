@@ -9,7 +9,7 @@ import torch
 from verl.trainer.ppo import rollout_corr_helper
 
 from treetune_verl.patching import original_of
-from treetune_verl.ppo import rollout_corr_guard
+from treetune_verl.trainer import actor_seams
 from treetune_verl.verl_guard import UnsupportedVerlError
 
 
@@ -25,10 +25,8 @@ def test_empty_micro_batch_gives_no_metrics_instead_of_an_assertion(restored):
     empty, some = torch.zeros(2, 5), torch.tensor([[1.0, 1, 0, 0, 0], [0, 0, 0, 0, 0]])
     with pytest.raises(AssertionError, match="at least one valid token"):  # verl as shipped
         restored(log_prob, rollout_log_prob, empty)
-    rollout_corr_guard.install()
-    rollout_corr_guard.install()  # idempotent
-    guarded = rollout_corr_helper.compute_rollout_corr_metrics_from_logprobs
-    assert original_of(guarded) is restored
+    wrapped = actor_seams._wrap_rollout_corr_metrics(restored)  # the seam's wrapper (install: test_loss_aggregation)
+    guarded = wrapped
     assert guarded(log_prob, rollout_log_prob, empty) == {}
     assert guarded(log_prob, rollout_log_prob, some) == restored(log_prob, rollout_log_prob, some) != {}
 
@@ -36,4 +34,4 @@ def test_empty_micro_batch_gives_no_metrics_instead_of_an_assertion(restored):
 def test_refuses_a_changed_signature(restored, monkeypatch):
     monkeypatch.setattr(rollout_corr_helper, "compute_rollout_corr_metrics_from_logprobs", lambda log_prob, mask: {})
     with pytest.raises(UnsupportedVerlError, match="compute_rollout_corr_metrics_from_logprobs"):
-        rollout_corr_guard.install()
+        actor_seams.install()

@@ -1,6 +1,6 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""The trainer hooks on verl 0.7.1's real ``RayPPOTrainer``: rollout-vs-actor entropy agreement, validation metrics.
+"""The trainer seams on verl 0.7.1's real ``RayPPOTrainer``: rollout-vs-actor entropy agreement, validation metrics.
 
 Real: verl's ``RayPPOTrainer._val_metrics_update`` (the wrapped upstream method runs), ``DataProto``, the guards
 against verl's installed signatures. The trainer's ``_compute_old_log_prob`` needs actor workers, so its wrapper is
@@ -21,10 +21,13 @@ from verl.protocol import DataProto
 from verl.trainer.ppo import ray_trainer
 
 from treetune_verl.agent_loop import EntropyAgentLoopManager
-from treetune_verl.agent_loop import trainer_hooks as hooks
-from treetune_verl.agent_loop.metrics import actor_agreement_metrics
+from treetune_verl.batch_keys import PENDING_METRICS_KEY
 from treetune_verl.patching import is_patched, original_of
-from treetune_verl.rollout.rollout_config import EntropySteering, entropy_steering
+from treetune_verl.ppo.entropy_advantage import EntropySteering, entropy_steering, steer_advantages
+from treetune_verl.trainer import trainer_seams as hooks
+from treetune_verl.trainer.features import RunFeatures
+from treetune_verl.trainer.metrics import actor_agreement_metrics
+from treetune_verl.verl_guard import UnsupportedVerlError
 
 ROLLOUT = torch.tensor([[1.0, 2.0, 0.0], [0.5, 0.0, 0.0], [0.0, 0.0, 0.0]])
 ACTOR = torch.tensor([[1.1, 1.7, 9.0], [0.5, 9.0, 9.0], [3.0, 3.0, 3.0]])
@@ -69,16 +72,16 @@ def test_old_log_prob_hook_leaves_the_agreement_for_the_steps_metrics():
     wrapped = hooks._wrap_compute_old_log_prob(lambda self, batch: (old, 0.25))
     batch = _batch()
     assert wrapped(_trainer(), batch) == (old, 0.25)
-    pending = batch.meta_info[hooks.PENDING_METRICS_KEY]
+    pending = batch.meta_info[PENDING_METRICS_KEY]
     assert pending == actor_agreement_metrics(ROLLOUT, ACTOR, MASK, HAS)
     # compute_data_metrics (wrapped) hands them over once, with verl's own metrics
     data_metrics = hooks._wrap_compute_data_metrics(lambda batch, use_critic=True: {"critic/score/mean": 1.0})
     assert data_metrics(batch=batch, use_critic=False) == {"critic/score/mean": 1.0, **pending}
-    assert hooks.PENDING_METRICS_KEY not in batch.meta_info
+    assert PENDING_METRICS_KEY not in batch.meta_info
 
     not_comparable = _batch()
     wrapped(_trainer("raw", temperature=0.7), not_comparable)
-    assert hooks.PENDING_METRICS_KEY not in not_comparable.meta_info
+    assert PENDING_METRICS_KEY not in not_comparable.meta_info
 
 
 def test_val_metrics_update_adds_the_validation_rollouts_entropy():
@@ -108,17 +111,24 @@ def test_install_is_idempotent_and_guarded(monkeypatch):
         (ray_trainer, "compute_advantage"),
     ]:
         monkeypatch.setattr(owner, name, original_of(getattr(owner, name)))  # upstream for this test, restored after
-    hooks.install_trainer_hooks()
+    monkeypatch.setattr(hooks, "_FEATURES", hooks._FEATURES)  # restored after
+    hooks.install(RunFeatures())
     first = ray_trainer.RayPPOTrainer._compute_old_log_prob
-    hooks.install_trainer_hooks()
+    steering = RunFeatures(steering=EntropySteering(pg_token_quantile=0.5))
+    hooks.install(steering)
     assert ray_trainer.RayPPOTrainer._compute_old_log_prob is first and is_patched(ray_trainer, "compute_data_metrics")
+    assert hooks._FEATURES is steering  # the latest run's features
 
+    upstream = original_of(ray_trainer.extract_reward)
+    monkeypatch.setattr(ray_trainer, "compute_advantage", original_of(ray_trainer.compute_advantage))
     monkeypatch.setattr(ray_trainer, "compute_data_metrics", lambda batch: {})  # an upstream signature change
-    with pytest.raises(hooks.UnsupportedVerlError, match="compute_data_metrics.*verl==0.7.1"):
-        hooks.install_trainer_hooks()
+    with pytest.raises(UnsupportedVerlError, match="compute_data_metrics.*verl==0.7.1"):
+        hooks.install(RunFeatures())
+    # checked before anything is replaced: the seam before it in the list was not wrapped either
+    assert not is_patched(ray_trainer, "compute_advantage") and original_of(ray_trainer.extract_reward) is upstream
     monkeypatch.setattr("verl.__version__", "0.8.0")
-    with pytest.raises(hooks.UnsupportedVerlError, match="found 0.8.0"):
-        hooks.install_trainer_hooks()
+    with pytest.raises(UnsupportedVerlError, match="found 0.8.0"):
+        hooks.install(RunFeatures())
 
 
 def test_validation_rollouts_are_kept_by_generate_sequences():
@@ -126,7 +136,6 @@ def test_validation_rollouts_are_kept_by_generate_sequences():
     manager = object.__new__(EntropyAgentLoopManager)
     manager._validation_rollouts = []
     manager._over_sample_rate = 0.0
-    manager._steering = EntropySteering()
     out = _batch()
     out.batch["responses"] = torch.zeros(3, 3, dtype=torch.long)
 
@@ -155,31 +164,32 @@ def _grpo_batch(has_entropy: list[bool] | None = None) -> DataProto:
     return DataProto.from_dict(tensors=tensors, non_tensors={"uid": np.array(["a", "a", "b", "b"], dtype=object)})
 
 
-def test_compute_advantage_hook_masks_verls_advantages_from_rollout_entropy():
+def test_compute_advantage_seam_masks_verls_advantages_from_rollout_entropy(monkeypatch):
+    """The steering settings come from the run's features (the trainer's config), not from the batch."""
     compute_advantage = hooks._wrap_compute_advantage(original_of(ray_trainer.compute_advantage))
     stock = original_of(ray_trainer.compute_advantage)(_grpo_batch(), "grpo").batch["advantages"]
-    batch = _grpo_batch([True] * 4)
-    batch.meta_info[hooks.STEERING_META_KEY] = {"pg_token_quantile": 0.2, "shaping_alpha": None, "shaping_kappa": 2.0}
-    out = compute_advantage(batch, "grpo")
+    monkeypatch.setattr(hooks, "_FEATURES", RunFeatures(steering=EntropySteering(pg_token_quantile=0.2)))
+    out = compute_advantage(_grpo_batch([True] * 4), "grpo")
     # 10 response tokens -> the 2 highest rollout entropies (3.0 and 2.0) keep their advantage, the rest 0
     kept = torch.zeros(4, 3, dtype=torch.bool)
     kept[0, 1] = kept[2, 1] = True
     assert torch.equal(out.batch["advantages"], torch.where(kept, stock, torch.zeros_like(stock)))
-    metrics = out.meta_info[hooks.PENDING_METRICS_KEY]
+    metrics = out.meta_info[PENDING_METRICS_KEY]
     assert metrics["pg_token_mask/threshold"] == 2.0 and metrics["pg_token_mask/kept_share"] == 0.2
     assert metrics["pg_token_mask/entropy_kept_mean"] == pytest.approx(2.5)
-    # without steering in meta_info (validation, option off): verl's advantages untouched
+    # steering off: verl's advantages untouched
+    monkeypatch.setattr(hooks, "_FEATURES", RunFeatures())
     assert torch.equal(compute_advantage(_grpo_batch(), "grpo").batch["advantages"], stock)
 
 
 def test_steering_refuses_rows_without_entropy_and_a_batch_without_it():
-    steering = {"pg_token_quantile": 0.5, "shaping_alpha": None, "shaping_kappa": 2.0}
+    steering = EntropySteering(pg_token_quantile=0.5)
     batch = original_of(ray_trainer.compute_advantage)(_grpo_batch([True, False, True, True]), "grpo")
     with pytest.raises(ValueError, match=r"rows \[1\] carry no rollout entropy"):
-        hooks.steer_advantages(batch, steering)
+        steer_advantages(batch, steering)
     batch.batch.pop("rollout_entropy")
     with pytest.raises(ValueError, match="needs batch\\['rollout_entropy'\\]"):
-        hooks.steer_advantages(batch, steering)
+        steer_advantages(batch, steering)
 
 
 @pytest.mark.parametrize(

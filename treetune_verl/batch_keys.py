@@ -1,0 +1,25 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""The names of everything treetune puts on verl's ``AgentLoopOutput`` / ``DataProto``: one place, no dependencies.
+
+Shape notation: ``B`` = rows of the batch, ``R`` = ``response_length``. A shared leaf: every layer may import it,
+and it imports nothing.
+
+Entropy's path: an entropy agent loop -> ``AgentLoopOutput.extra_fields[RESPONSE_ENTROPY_KEY]`` (list[float], one
+per response token) -> the worker -> ``DataProto.batch[ROLLOUT_ENTROPY_KEY]`` (float32 ``[B, R]``, nats).
+"""
+
+RESPONSE_ENTROPY_KEY = "response_entropy"  # AgentLoopOutput.extra_fields, loop -> worker (popped by the worker)
+ROLLOUT_ENTROPY_KEY = "rollout_entropy"  # DataProto.batch, float32 [B, R], nats
+# DataProto.batch, bool [B]: False for rows whose loop carries no entropy (a stock verl loop). Their rollout_entropy
+# row is all 0.0, which is not a measured entropy: metrics and consumers must leave them out.
+HAS_ROLLOUT_ENTROPY_KEY = "has_rollout_entropy"
+# DataProto.batch, bool [B]: True for rows cut by over-sampling with abort (rollout.over_sample_rate > 0). Such a row
+# carries nothing into training: its response is empty (attention and response_mask 0) and its reward is 0.
+ROLLOUT_ABORTED_KEY = "rollout_aborted"
+# DataProto.meta_info: {metric name: float} to add to this step's metrics (read by the trainer's
+# compute_data_metrics seam, treetune_verl/trainer/trainer_seams.py).
+PENDING_METRICS_KEY = "treetune_step_metrics"
+# DataProto.meta_info of a training batch's prompts: {"counter", "step", "target"} for the agent-loop workers
+# (over-sampling with abort).
+OVER_SAMPLE_META_KEY = "treetune_over_sample"

@@ -1,0 +1,165 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""Which treetune features a run's config turns on, and the start-up refusals of how they combine.
+
+Features and the keys that turn them on (any subset, the blocks in any order on one command line):
+
+- rollout entropy: ``actor_rollout_ref.rollout.agent.agent_loop_manager_class`` = our manager (``+treetune=
+  rollout_entropy``); the prerequisite of the next three, which its manager and worker carry out;
+- over-sampling with abort: ``actor_rollout_ref.rollout.over_sample_rate`` > 0;
+- entropy steering: ``actor_rollout_ref.rollout.custom.entropy.{pg_token_quantile, advantage_shaping.alpha}``;
+- managed agent sessions: the loop ``entropy_managed_agent`` (a dataset or ``agent.default_agent_loop``);
+- the live entropy forecast: ``actor_rollout_ref.rollout.custom.entropy_forecast`` (``+treetune_forecast=
+  entropy_forecast``).
+
+Over-sampling and the forecast also need our actor entry point in ``actor_rollout_ref.model.external_lib``
+(:data:`ACTOR_SETUP_MODULE`, which both blocks name; the old per-feature modules still count). No pair of features
+conflicts; what is refused is a feature without its prerequisite, or with a verl setting it does not cover, and the
+message names both keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from treetune_verl.forecast.settings import SECTION as FORECAST_SECTION
+from treetune_verl.forecast.settings import ForecastSettings, forecast_settings
+from treetune_verl.ppo.entropy_advantage import EntropySteering, entropy_steering
+
+ROLLOUT = "actor_rollout_ref.rollout"
+MANAGER_KEY = f"{ROLLOUT}.agent.agent_loop_manager_class"
+MANAGER_CLASS = "treetune_verl.agent_loop.EntropyAgentLoopManager"
+RATE_KEY = "over_sample_rate"  # verl's own key under actor_rollout_ref.rollout
+EXTERNAL_LIB_KEY = "actor_rollout_ref.model.external_lib"
+ACTOR_SETUP_MODULE = "treetune_verl.trainer.actor_setup"
+# Deprecated aliases of ACTOR_SETUP_MODULE (one release): they install the same.
+ACTOR_SETUP_ALIASES = ("treetune_verl.ppo.actor_setup", "treetune_verl.forecast.actor_setup")
+WORKER_IMPL_KEY = "trainer.use_legacy_worker_impl"
+STEERING_KEY = f"{ROLLOUT}.custom.entropy.pg_token_quantile / advantage_shaping.alpha"
+
+# verl's group estimators whose statistics would count aborted rows (score 0) as members of the group.
+_GROUP_ESTIMATORS = {
+    "grpo": "grpo_valid",
+    "grpo_vectorized": "grpo_valid",
+    "rloo": "rloo_valid",
+    "rloo_vectorized": "rloo_valid",
+}
+
+
+def over_sample_rate(rollout_config: Any) -> float:
+    """``rollout.over_sample_rate`` as a float in ``[0, 1)``; raises naming the key otherwise."""
+    rate = rollout_config.get(RATE_KEY, 0.0)
+    rate = 0.0 if rate is None else float(rate)
+    if not 0.0 <= rate < 1.0:
+        raise ValueError(f"{ROLLOUT}.{RATE_KEY} must be in [0, 1); got {rate}")
+    return rate
+
+
+def external_libs(config: Any) -> list[str]:
+    """``actor_rollout_ref.model.external_lib`` as a list (verl takes one module name; a list is read too)."""
+    libs = OmegaConf.select(config, EXTERNAL_LIB_KEY, default=None)
+    return [] if libs is None else [libs] if isinstance(libs, str) else list(libs)
+
+
+def has_actor_setup(config: Any) -> bool:
+    return any(lib in (ACTOR_SETUP_MODULE, *ACTOR_SETUP_ALIASES) for lib in external_libs(config))
+
+
+@dataclass(frozen=True)
+class RunFeatures:
+    """The features one run's config turns on (module docstring)."""
+
+    rollout_entropy: bool = False
+    over_sample_rate: float = 0.0
+    steering: EntropySteering = EntropySteering()
+    forecast: ForecastSettings | None = None
+
+    @classmethod
+    def from_config(cls, config: Any, rollout_entropy: bool | None = None) -> RunFeatures:
+        """Read (and check each feature's own keys) from verl's whole trainer config.
+
+        ``rollout_entropy``: whether our manager runs (our manager says ``True``; ``None``: whether the config names
+        it).
+
+        Raises:
+            ValueError: a feature's key out of range, naming it.
+        """
+        rollout = OmegaConf.select(config, ROLLOUT, default=None) or {}
+        if rollout_entropy is None:
+            rollout_entropy = OmegaConf.select(config, MANAGER_KEY, default=None) == MANAGER_CLASS
+        return cls(
+            rollout_entropy=rollout_entropy,
+            over_sample_rate=over_sample_rate(rollout),
+            steering=entropy_steering(rollout),
+            forecast=forecast_settings(rollout),
+        )
+
+    @property
+    def enabled(self) -> list[str]:
+        """Names of the features on, in the order the seams run them."""
+        named = {
+            "rollout_entropy": self.rollout_entropy,
+            "over_sampling": self.over_sample_rate > 0,
+            "steering": self.steering.active,
+            "forecast": self.forecast is not None,
+        }
+        return [name for name, on in named.items() if on]
+
+
+def check_features(config: Any, rollout_entropy: bool | None = None) -> RunFeatures:
+    """Refuse, before anything starts, features without their prerequisite or with verl settings they do not cover;
+    the features on (``rollout_entropy`` as in :meth:`RunFeatures.from_config`).
+
+    Raises:
+        ValueError: naming both keys of each refused combination.
+    """
+    features = RunFeatures.from_config(config, rollout_entropy)
+    needs_manager = {f"{ROLLOUT}.{RATE_KEY} > 0": features.over_sample_rate > 0, STEERING_KEY: features.steering.active}
+    for key, on in needs_manager.items():
+        if on and not features.rollout_entropy:
+            raise ValueError(
+                f"{key} needs rollout entropy ({MANAGER_KEY}={MANAGER_CLASS}, the +treetune=rollout_entropy block): "
+                "without it nothing reads the key"
+            )
+    if features.over_sample_rate > 0:
+        check_over_sample_config(config)
+    if features.forecast is not None:
+        if not has_actor_setup(config):
+            raise ValueError(
+                f"{FORECAST_SECTION} needs {EXTERNAL_LIB_KEY}={ACTOR_SETUP_MODULE} (the forecast's block sets it)"
+            )
+        if OmegaConf.select(config, WORKER_IMPL_KEY, default="auto") == "disable":
+            raise ValueError(
+                f"{FORECAST_SECTION} supports verl's legacy FSDP workers only: not {WORKER_IMPL_KEY}=disable"
+            )
+    return features
+
+
+def check_over_sample_config(config: Any) -> None:
+    """Refuse settings under which aborted rows would be trained on wrongly.
+
+    Raises:
+        ValueError: a group estimator that counts aborted rows (use ``grpo_valid`` / ``rloo_valid``); the actor's
+            loss fix not loaded (``external_lib``); verl's new worker implementation or routing replay, which the
+            fixes do not cover.
+    """
+    estimator = str(OmegaConf.select(config, "algorithm.adv_estimator", default="") or "")
+    estimator = getattr(estimator, "value", estimator)
+    if estimator in _GROUP_ESTIMATORS:
+        raise ValueError(
+            f"{RATE_KEY} > 0 with algorithm.adv_estimator={estimator}: aborted rows (score 0) would count in the "
+            f"group statistics. Use algorithm.adv_estimator={_GROUP_ESTIMATORS[estimator]}."
+        )
+    if not has_actor_setup(config):
+        raise ValueError(
+            f"{RATE_KEY} > 0 needs the actor to leave aborted rows out (in verl 0.7.1 a micro-batch of aborted rows "
+            f"stops the actor's rollout-correction metrics and dilutes its loss): set {EXTERNAL_LIB_KEY}="
+            f"{ACTOR_SETUP_MODULE}"
+        )
+    if OmegaConf.select(config, WORKER_IMPL_KEY, default="auto") == "disable":
+        raise ValueError(f"{RATE_KEY} > 0 supports verl's legacy FSDP workers only ({WORKER_IMPL_KEY})")
+    if OmegaConf.select(config, f"{ROLLOUT}.enable_rollout_routing_replay", default=False):
+        raise ValueError(f"{RATE_KEY} > 0 does not support {ROLLOUT}.enable_rollout_routing_replay")

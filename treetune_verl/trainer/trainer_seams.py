@@ -1,0 +1,166 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""Every treetune hook in verl 0.7.1's trainer process: one wrapper per seam, the features it runs in order.
+
+The manager (``agent_loop/entropy_manager.py``) is built inside the trainer's process before ``fit`` runs, so it
+installs these there (:func:`install`, through ``trainer_setup.py``, with the run's :class:`RunFeatures` read from the
+trainer's own config). Each seam is one attribute wrapped through ``treetune_verl.patching`` (idempotent, guarded by
+verl's version and the exact signature; ``ray_trainer.py`` of verl 0.7.1):
+
+==============================================  =================================================================
+seam                                            what runs after verl's own, in order
+==============================================  =================================================================
+``RayPPOTrainer._compute_old_log_prob``         1. rollout entropy: ``rollout_entropy/actor_abs_diff/{mean,max}``
+                                                   against the actor's ``entropys`` (popped by ``fit`` right after,
+                                                   ``ray_trainer.py:1404-1419``), when both describe one distribution
+``ray_trainer.extract_reward`` (``:1386``)      1. over-sampling: reward 0 for rows marked ``rollout_aborted``
+``ray_trainer.compute_advantage`` (``:1487``)   1. steering: entropy-shaped advantage, then the forking-token mask
+                                                   (``ppo/entropy_advantage.py``: one threshold for the whole batch)
+``ray_trainer.compute_data_metrics``            1. the metrics the seams above left in ``batch.meta_info``;
+(``:1578``)                                     2. over-sampling: ``rollout/aborted_ratio``, ``rollout/score/...``
+``RayPPOTrainer._val_metrics_update`` (end of   1. rollout entropy: ``val-aux/rollout_entropy/...`` of the
+``_validate``, ``:625``)                           validation rollouts the manager kept
+==============================================  =================================================================
+
+Module-level functions (``extract_reward``, ``compute_advantage``, ``compute_data_metrics``) are wrapped where
+``fit`` looks them up: as globals of ``ray_trainer``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from treetune_verl.batch_keys import (
+    HAS_ROLLOUT_ENTROPY_KEY,
+    PENDING_METRICS_KEY,
+    ROLLOUT_ABORTED_KEY,
+    ROLLOUT_ENTROPY_KEY,
+)
+from treetune_verl.patching import Wrap
+from treetune_verl.ppo.entropy_advantage import steer_advantages
+from treetune_verl.rollout.rollout_config import entropy_config
+from treetune_verl.trainer.features import RunFeatures
+from treetune_verl.trainer.metrics import actor_agreement_metrics, over_sample_metrics
+from treetune_verl.verl_guard import VERL
+
+__all__ = ["agreement_is_defined", "install"]
+
+ACTOR_ENTROPY_KEY = "entropys"  # verl's name for the actor's per-token entropy in _compute_old_log_prob's result
+
+# Signatures the wrappers repeat: verl 0.7.1 trainer/ppo/ray_trainer.py.
+_COMPUTE_OLD_LOG_PROB_PARAMS = ("self", "batch")
+_COMPUTE_DATA_METRICS_PARAMS = ("batch", "use_critic")
+_VAL_METRICS_UPDATE_PARAMS = ("self", "data_sources", "sample_uids", "reward_extra_infos_dict", "sample_turns")
+_EXTRACT_REWARD_PARAMS = ("batch",)
+_COMPUTE_ADVANTAGE_PARAMS = ("data", "adv_estimator", "gamma", "lam", "num_repeat", "norm_adv_by_std_in_grpo", "config")
+
+# The run's features, from the trainer's config (install); a process trains one run.
+_FEATURES = RunFeatures()
+
+
+def agreement_is_defined(rollout_config: Any) -> bool:
+    """Whether rollout entropy and the actor's entropy describe the same distribution.
+
+    verl's actor computes the entropy of softmax(logits / T) over the full vocabulary at the rollout temperature T
+    (``dp_actor.py`` ``_forward_micro_batch``): ``tempered`` mode, or ``raw`` mode at T = 1, without top-k.
+    """
+    config = entropy_config(rollout_config)
+    temperature = float(rollout_config.get("temperature", 1.0))
+    return config.top_k is None and (config.mode == "tempered" or temperature == 1.0)
+
+
+def _pending(batch: Any) -> dict[str, float]:
+    """The metrics a seam leaves for this step's ``compute_data_metrics``."""
+    return batch.meta_info.setdefault(PENDING_METRICS_KEY, {})
+
+
+def _wrap_compute_old_log_prob(original):
+    def _compute_old_log_prob(self, batch):
+        old_log_prob, mfu = original(self, batch)
+        # 1. rollout entropy: agreement with the actor's own entropy of the same tokens
+        actor_entropy = old_log_prob.batch.get(ACTOR_ENTROPY_KEY, None)
+        rollout_entropy = batch.batch.get(ROLLOUT_ENTROPY_KEY, None)
+        if (
+            actor_entropy is not None
+            and rollout_entropy is not None
+            and agreement_is_defined(self.config.actor_rollout_ref.rollout)
+        ):
+            has_entropy = batch.batch.get(HAS_ROLLOUT_ENTROPY_KEY)
+            mask = batch.batch["response_mask"]
+            _pending(batch).update(actor_agreement_metrics(rollout_entropy, actor_entropy, mask, has_entropy))
+        return old_log_prob, mfu
+
+    return _compute_old_log_prob
+
+
+def _wrap_extract_reward(original):
+    def extract_reward(batch):
+        reward_tensor, reward_extra_infos = original(batch)
+        # 1. over-sampling: an aborted row's reward is 0 whoever computed it (a reward function may score an empty
+        # response, e.g. a format penalty)
+        aborted = batch.batch.get(ROLLOUT_ABORTED_KEY, None)
+        if aborted is not None and bool(aborted.any()):
+            reward_tensor = reward_tensor.masked_fill(aborted.bool().unsqueeze(-1), 0.0)
+        return reward_tensor, reward_extra_infos
+
+    return extract_reward
+
+
+def _wrap_compute_advantage(original):
+    def compute_advantage(
+        data, adv_estimator, gamma=1.0, lam=1.0, num_repeat=1, norm_adv_by_std_in_grpo=True, config=None
+    ):
+        data = original(data, adv_estimator, gamma, lam, num_repeat, norm_adv_by_std_in_grpo, config)
+        # 1. steering: advantages reshaped from rollout_entropy (no extra forward pass)
+        if _FEATURES.steering.active:
+            _pending(data).update(steer_advantages(data, _FEATURES.steering))
+        return data
+
+    return compute_advantage
+
+
+def _wrap_compute_data_metrics(original):
+    def compute_data_metrics(batch, use_critic=True):
+        metrics = original(batch, use_critic)
+        # 1. what the seams above (and the manager, for the rollout) left for this step
+        metrics.update(batch.meta_info.pop(PENDING_METRICS_KEY, {}))
+        # 2. over-sampling
+        aborted = batch.batch.get(ROLLOUT_ABORTED_KEY, None)
+        if aborted is not None:
+            metrics.update(over_sample_metrics(aborted, batch.batch["token_level_scores"].sum(-1)))
+        return metrics
+
+    return compute_data_metrics
+
+
+def _wrap_val_metrics_update(original):
+    def _val_metrics_update(self, data_sources, sample_uids, reward_extra_infos_dict, sample_turns):
+        metrics = original(self, data_sources, sample_uids, reward_extra_infos_dict, sample_turns)
+        # 1. rollout entropy of the validation rollouts (verl's _validate drops the generation's meta_info["timing"])
+        take = getattr(self.async_rollout_manager, "take_validation_metrics", None)
+        if take is not None:
+            metrics.update({f"val-aux/{key.removeprefix('agent_loop/')}": value for key, value in take().items()})
+        return metrics
+
+    return _val_metrics_update
+
+
+def install(features: RunFeatures) -> None:
+    """Install the seams in this process (idempotent) and run them with ``features`` (the latest call's).
+
+    Raises:
+        UnsupportedVerlError: another verl version, or a changed signature of a wrapped function.
+    """
+    global _FEATURES
+    from verl.trainer.ppo import ray_trainer
+
+    VERL.require("trainer hooks")
+    trainer = ray_trainer.RayPPOTrainer
+    VERL.wrap(
+        Wrap(trainer, "_compute_old_log_prob", _wrap_compute_old_log_prob, _COMPUTE_OLD_LOG_PROB_PARAMS),
+        Wrap(ray_trainer, "extract_reward", _wrap_extract_reward, _EXTRACT_REWARD_PARAMS),
+        Wrap(ray_trainer, "compute_advantage", _wrap_compute_advantage, _COMPUTE_ADVANTAGE_PARAMS),
+        Wrap(ray_trainer, "compute_data_metrics", _wrap_compute_data_metrics, _COMPUTE_DATA_METRICS_PARAMS),
+        Wrap(trainer, "_val_metrics_update", _wrap_val_metrics_update, _VAL_METRICS_UPDATE_PARAMS),
+    )
+    _FEATURES = features
