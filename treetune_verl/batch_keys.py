@@ -23,3 +23,6 @@ PENDING_METRICS_KEY = "treetune_step_metrics"
 # DataProto.meta_info of a training batch's prompts: {"counter", "step", "target"} for the agent-loop workers
 # (over-sampling with abort).
 OVER_SAMPLE_META_KEY = "treetune_over_sample"
+# DataProto.non_tensor_batch, object [B] ({feature: seconds} or None): the seconds an agent-loop worker spent in our
+# code for the batch (on its first row), popped by the manager (treetune_verl/timing.py).
+TIMING_KEY = "treetune_timing_s"

@@ -66,7 +66,17 @@ COMPLETED_SCORE, ZERO_SCORE, VERL_SCORE = (
 )
 # actor/kl_loss at global step 1, where the actor is the reference model (same weights, both fp32 on CPU: 0.0 measured)
 KL_AT_START_MAX = 1e-6
-REPORTED = (PG_LOSS, GRAD_NORM, ENTROPY_MEAN, ENTROPY_DIFF, PROBS_DIFF, PEARSON, "critic/score/mean", "timing_s/step")
+REPORTED = (
+    PG_LOSS,
+    GRAD_NORM,
+    ENTROPY_MEAN,
+    ENTROPY_DIFF,
+    PROBS_DIFF,
+    PEARSON,
+    "critic/score/mean",
+    "timing_s/step",
+    "timing_s/treetune/total",
+)
 KEPT_SHARE, THRESHOLD = "pg_token_mask/kept_share", "pg_token_mask/threshold"
 KEPT_ENTROPY, DROPPED_ENTROPY = "pg_token_mask/entropy_kept_mean", "pg_token_mask/entropy_dropped_mean"
 # The live entropy forecast (treetune_verl/forecast): keys logged at every probed step, finite.
@@ -81,6 +91,8 @@ FORECAST_KEYS = (
     "timing_s/probe",
     "probe/cost_ratio",
 )
+TREETUNE_TIMING = "timing_s/treetune/"  # treetune_verl/timing.py: our seconds per feature and step
+TREETUNE_SHARE = "treetune/share_of_step"
 TIE_TOLERANCE = 0.05  # how far above Q the kept share may go through ties at the threshold
 VARIANT_REPORTED = (KL_LOSS, VAL_ENTROPY_MEAN, ABORTED_RATIO, COMPLETED_SCORE, ZERO_SCORE, KEPT_SHARE, THRESHOLD)
 
@@ -152,6 +164,7 @@ def check(
         _need(errors, metrics, GRAD_NORM, lambda v: v > 0, "> 0 (zero gradient: no reward variance within the groups?)")
         if entropy:
             _need(errors, metrics, ENTROPY_MEAN, lambda v: v > 0, "> 0 (rollout entropy not served: block in?)")
+            _check_timing(errors, metrics, aborted_ratio is not None, pg_token_quantile is not None)
         _need(errors, metrics, PROBS_DIFF, lambda v: True, "a finite number (needs rollout.calculate_log_probs=True)")
         _need(errors, metrics, PEARSON, lambda v: True, "a finite number (needs rollout.calculate_log_probs=True)")
         if max_probs_diff is not None:
@@ -199,6 +212,15 @@ def check(
         for metrics in before:
             _check_validation(errors, metrics, entropy)
     return errors
+
+
+def _check_timing(errors: list[str], metrics: dict, over_sampling: bool, steering: bool) -> None:
+    """Every feature's seconds in our code: logged at every step, > 0 for the features on, a share of the step < 1."""
+    on = {"rollout_entropy": True, "trainer_hooks": True, "over_sampling": over_sampling, "steering": steering}
+    for feature, running in on.items():
+        check, what = (lambda v: v > 0, "> 0 (the feature ran)") if running else (lambda v: v >= 0, ">= 0")
+        _need(errors, metrics, TREETUNE_TIMING + feature, check, what)
+    _need(errors, metrics, TREETUNE_SHARE, lambda v: 0 < v < 1, "in (0, 1): our code's share of timing_s/step")
 
 
 def _check_over_sampling(errors: list[str], metrics: dict, aborted_ratio: float) -> None:

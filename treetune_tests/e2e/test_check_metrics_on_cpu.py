@@ -17,6 +17,8 @@ from treetune_tests.e2e.check_metrics import (
     PEARSON,
     PG_LOSS,
     PROBS_DIFF,
+    TREETUNE_SHARE,
+    TREETUNE_TIMING,
     VAL_ENTROPY_MEAN,
     check,
     is_validation_only,
@@ -27,6 +29,14 @@ from treetune_tests.e2e.check_metrics import (
 )
 
 VAL_CORE = "val-core/treetune/arithmetic/acc/mean@1"
+# What treetune_verl/timing.py logs for a run with the block only (over-sampling and steering off: 0 s).
+TIMING = {
+    TREETUNE_TIMING + "rollout_entropy": 0.01,
+    TREETUNE_TIMING + "trainer_hooks": 0.002,
+    TREETUNE_TIMING + "over_sampling": 0.0,
+    TREETUNE_TIMING + "steering": 0.0,
+    TREETUNE_SHARE: 0.004,
+}
 
 
 def _train(step: int, **extra) -> dict:
@@ -37,6 +47,7 @@ def _train(step: int, **extra) -> dict:
         ENTROPY_MEAN: 2.0,
         PROBS_DIFF: 2e-7,
         PEARSON: 1.0,
+        **TIMING,
         **extra,
     }
 
@@ -172,3 +183,13 @@ def test_no_entropy_skips_only_the_block_checks(tmp_path, capsys):
     assert "OK: 2 step(s)" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main([str(path), "--no-entropy", "--max-entropy-diff", "1e-3"])
+
+
+def test_timing_checks_every_feature_and_the_share():
+    assert check([_train(1)], min_steps=1) == []
+    missing = {k: v for k, v in _train(1).items() if k != TREETUNE_TIMING + "trainer_hooks"}
+    assert any("timing_s/treetune/trainer_hooks missing" in e for e in check([missing], min_steps=1))
+    idle = check([_train(1)], min_steps=1, pg_token_quantile=0.2)  # steering on but 0 s: it did not run
+    assert any(TREETUNE_TIMING + "steering" in e for e in idle)
+    assert any(TREETUNE_SHARE in e for e in check([_train(1, **{TREETUNE_SHARE: 1.5})], min_steps=1))
+    assert check([{k: v for k, v in _train(1).items() if "treetune" not in k}], min_steps=1, entropy=False) == []

@@ -53,6 +53,7 @@ LEAVES = {
     "treetune_verl.patching",
     "treetune_verl.verl_guard",
     "treetune_verl.batch_keys",
+    "treetune_verl.timing",
 }
 # Third-party packages a layer must not import: the sglang side stays usable without verl.
 FORBIDDEN_THIRD_PARTY = {"treetune_verl.sglang": {"verl"}, "treetune_verl.probe": {"verl", "sglang"}}

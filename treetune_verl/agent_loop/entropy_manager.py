@@ -9,6 +9,7 @@ stays ``sglang``: the FSDP workers look the name up in their own registry (``wor
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Any
@@ -27,9 +28,11 @@ from treetune_verl.batch_keys import (
     OVER_SAMPLE_META_KEY,
     PENDING_METRICS_KEY,
     ROLLOUT_ENTROPY_KEY,
+    TIMING_KEY,
 )
 from treetune_verl.ppo import advantage  # noqa: F401  (registers grpo_valid / rloo_valid in the trainer's process)
 from treetune_verl.rollout.rollout_config import CONFIG_PATH, check_rollout_config
+from treetune_verl.timing import OVER_SAMPLING, ROLLOUT_ENTROPY, SECONDS
 from treetune_verl.trainer import trainer_setup
 from treetune_verl.trainer.metrics import ROWS_WITHOUT_ENTROPY_METRIC, rollout_entropy_metrics
 
@@ -103,14 +106,22 @@ class EntropyAgentLoopManager(AgentLoopManager):
         Validation rollouts are also kept for their entropy metrics.
         """
         validate = prompts.meta_info.get("validate", False)
-        step = None if validate or self._over_sample_rate == 0 else await self._begin_over_sample(prompts)
+        self._timing_on = not validate  # validation's seconds are not a training step's
+        step = None
+        if not validate and self._over_sample_rate > 0:
+            with SECONDS.timed(OVER_SAMPLING):
+                step = await self._begin_over_sample(prompts)
         start = time.perf_counter()
         try:
             output = await super().generate_sequences(prompts)
         finally:
             if step is not None:
-                prompts.meta_info.pop(OVER_SAMPLE_META_KEY, None)
-                await self._completion_counter.end.remote(step)
+                with SECONDS.timed(OVER_SAMPLING):
+                    prompts.meta_info.pop(OVER_SAMPLE_META_KEY, None)
+                    await self._completion_counter.end.remote(step)
+        for seconds in output.non_tensor_batch.pop(TIMING_KEY, []):  # the workers' (timing.py)
+            if seconds and not validate:
+                SECONDS.add(seconds)
         if validate:
             keys = [ROLLOUT_ENTROPY_KEY, "response_mask", HAS_ROLLOUT_ENTROPY_KEY]
             self._validation_rollouts.append(output.select(batch_keys=keys, non_tensor_batch_keys=[]))
@@ -143,9 +154,11 @@ class EntropyAgentLoopManager(AgentLoopManager):
     def _performance_metrics(self, metrics: list[list[dict[str, Any]]], output: DataProto) -> dict[str, float]:
         timing = super()._performance_metrics(metrics, output)
         batch = output.batch
-        entropy_metrics = rollout_entropy_metrics(
-            batch[ROLLOUT_ENTROPY_KEY], batch["response_mask"], batch.get(HAS_ROLLOUT_ENTROPY_KEY, None)
-        )
+        timed = SECONDS.timed(ROLLOUT_ENTROPY) if getattr(self, "_timing_on", True) else contextlib.nullcontext()
+        with timed:
+            entropy_metrics = rollout_entropy_metrics(
+                batch[ROLLOUT_ENTROPY_KEY], batch["response_mask"], batch.get(HAS_ROLLOUT_ENTROPY_KEY, None)
+            )
         if entropy_metrics.get(ROWS_WITHOUT_ENTROPY_METRIC) and not getattr(self, "_warned_rows_without", False):
             self._warned_rows_without = True
             logger.warning(

@@ -16,6 +16,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, AgentLoopWo
 from verl.protocol import DataProto
 
 from treetune_verl.batch_keys import HAS_ROLLOUT_ENTROPY_KEY, RESPONSE_ENTROPY_KEY, ROLLOUT_ENTROPY_KEY
+from treetune_verl.timing import ROLLOUT_ENTROPY, SECONDS
 
 
 def pad_response_entropy(entropy: list[float] | None, num_tokens: int, response_length: int) -> torch.Tensor:
@@ -52,22 +53,26 @@ class RolloutEntropyWorker(AgentLoopWorker):
     """
 
     async def _agent_loop_postprocess(self, output: AgentLoopOutput, **kwargs: Any) -> _InternalAgentLoopOutput:
-        entropy = output.extra_fields.pop(RESPONSE_ENTROPY_KEY, None)
-        row = pad_response_entropy(entropy, len(output.response_ids), self.rollout_config.response_length)
+        with SECONDS.timed(ROLLOUT_ENTROPY):
+            entropy = output.extra_fields.pop(RESPONSE_ENTROPY_KEY, None)
+            row = pad_response_entropy(entropy, len(output.response_ids), self.rollout_config.response_length)
         internal = await super()._agent_loop_postprocess(output, **kwargs)
-        row *= internal.response_mask.to(row.dtype)  # 0.0 wherever no model token is (also once a row is emptied)
-        internal.extra_fields[ROLLOUT_ENTROPY_KEY] = row
-        internal.extra_fields[HAS_ROLLOUT_ENTROPY_KEY] = entropy is not None
+        with SECONDS.timed(ROLLOUT_ENTROPY):
+            row *= internal.response_mask.to(row.dtype)  # 0.0 wherever no model token is (also once a row is emptied)
+            internal.extra_fields[ROLLOUT_ENTROPY_KEY] = row
+            internal.extra_fields[HAS_ROLLOUT_ENTROPY_KEY] = entropy is not None
         return internal
 
     def _postprocess(
         self, inputs: list[_InternalAgentLoopOutput], input_non_tensor_batch: dict | None = None
     ) -> DataProto:
-        response_length = self.rollout_config.response_length
-        rows = [item.extra_fields.pop(ROLLOUT_ENTROPY_KEY, None) for item in inputs]
-        rows = [row if row is not None else pad_response_entropy(None, 0, response_length) for row in rows]
-        has_entropy = [bool(item.extra_fields.pop(HAS_ROLLOUT_ENTROPY_KEY, False)) for item in inputs]
+        with SECONDS.timed(ROLLOUT_ENTROPY):
+            response_length = self.rollout_config.response_length
+            rows = [item.extra_fields.pop(ROLLOUT_ENTROPY_KEY, None) for item in inputs]
+            rows = [row if row is not None else pad_response_entropy(None, 0, response_length) for row in rows]
+            has_entropy = [bool(item.extra_fields.pop(HAS_ROLLOUT_ENTROPY_KEY, False)) for item in inputs]
         data = super()._postprocess(inputs, input_non_tensor_batch=input_non_tensor_batch)
-        data.batch[ROLLOUT_ENTROPY_KEY] = torch.cat(rows, dim=0)
-        data.batch[HAS_ROLLOUT_ENTROPY_KEY] = torch.tensor(has_entropy, dtype=torch.bool)
+        with SECONDS.timed(ROLLOUT_ENTROPY):
+            data.batch[ROLLOUT_ENTROPY_KEY] = torch.cat(rows, dim=0)
+            data.batch[HAS_ROLLOUT_ENTROPY_KEY] = torch.tensor(has_entropy, dtype=torch.bool)
         return data

@@ -30,6 +30,7 @@ from typing import Any
 import ray
 
 from treetune_verl.batch_keys import OVER_SAMPLE_META_KEY
+from treetune_verl.timing import OVER_SAMPLING, SECONDS
 
 
 def completion_target(rate: float, batch_size: int) -> int:
@@ -129,10 +130,11 @@ class OverSampleStep:
         servers cut the requests already running.
         """
         await self._counter.wait.remote(self._step)
-        self.target_reached = True
-        self.aborted_sessions = sorted(self._open)
-        if self.aborted_sessions:
-            await server_manager.abort_sessions(self.aborted_sessions)
+        with SECONDS.timed(OVER_SAMPLING):
+            self.target_reached = True
+            self.aborted_sessions = sorted(self._open)
+            if self.aborted_sessions:
+                await server_manager.abort_sessions(self.aborted_sessions)
 
 
 def step_of(meta_info: dict[str, Any]) -> tuple[Any, str] | None:

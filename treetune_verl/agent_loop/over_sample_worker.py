@@ -29,6 +29,7 @@ from treetune_verl.agent_loop.over_sample import CURRENT_TRAJECTORY, OverSampleS
 from treetune_verl.agent_loop.session_server_manager import SessionServerManager
 from treetune_verl.batch_keys import ROLLOUT_ABORTED_KEY
 from treetune_verl.rollout.session import new_session_id
+from treetune_verl.timing import OVER_SAMPLING, SECONDS
 
 _CURRENT_STEP: ContextVar[OverSampleStep | None] = ContextVar("treetune_over_sample_step", default=None)
 
@@ -68,7 +69,8 @@ class OverSamplingAgentLoopWorker(AgentLoopWorker):
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
             if step.aborted_sessions:
-                await self.server_manager.forget_sessions(step.aborted_sessions)
+                with SECONDS.timed(OVER_SAMPLING):
+                    await self.server_manager.forget_sessions(step.aborted_sessions)
 
     async def _run_agent_loop(self, sampling_params: dict[str, Any], trajectory: dict[str, Any], **kwargs: Any):
         step = _CURRENT_STEP.get()
@@ -85,7 +87,8 @@ class OverSamplingAgentLoopWorker(AgentLoopWorker):
         trajectory = CURRENT_TRAJECTORY.get()
         keep = True
         if trajectory is not None and trajectory.step is not None:
-            keep = await trajectory.step.settle(trajectory.session)
+            with SECONDS.timed(OVER_SAMPLING):
+                keep = await trajectory.step.settle(trajectory.session)
         if keep and output.response_ids:
             internal = await super()._agent_loop_postprocess(output, **kwargs)
         else:
@@ -108,12 +111,13 @@ class OverSamplingAgentLoopWorker(AgentLoopWorker):
             "routed_experts": None,
         }
         internal = await super()._agent_loop_postprocess(output.model_copy(update=update), **kwargs)
-        prompt_length = internal.prompt_ids.shape[1]
-        internal.attention_mask[:, prompt_length:] = 0
-        internal.response_mask.zero_()
-        internal.position_ids = self._compute_position_ids(
-            internal.input_ids, internal.attention_mask, internal.multi_modal_inputs
-        )
+        with SECONDS.timed(OVER_SAMPLING):
+            prompt_length = internal.prompt_ids.shape[1]
+            internal.attention_mask[:, prompt_length:] = 0
+            internal.response_mask.zero_()
+            internal.position_ids = self._compute_position_ids(
+                internal.input_ids, internal.attention_mask, internal.multi_modal_inputs
+            )
         return internal
 
     def _postprocess(

@@ -11,16 +11,36 @@ order they run in, outermost first:
    trajectory's requests, claims a slot or aborts, empties an aborted row, marks ``rollout_aborted``;
 3. verl's ``AgentLoopWorker``.
 
-Importing this module registers the entropy agent loops in verl's registry of the worker's process.
+The seconds the features spent in this worker for a batch (``treetune_verl/timing.py``) leave with the batch, on
+its first row (``batch_keys.TIMING_KEY``), for the manager to add to the step's. Importing this module registers the
+entropy agent loops in verl's registry of the worker's process.
 """
 
 from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from verl.experimental.agent_loop.agent_loop import _InternalAgentLoopOutput
+from verl.protocol import DataProto
 
 # Importing the loops registers their names in this process's verl agent-loop registry.
 from treetune_verl.agent_loop import entropy_single_turn_agent_loop, entropy_tool_agent_loop  # noqa: F401
 from treetune_verl.agent_loop.entropy_worker import RolloutEntropyWorker
 from treetune_verl.agent_loop.over_sample_worker import OverSamplingAgentLoopWorker
+from treetune_verl.batch_keys import TIMING_KEY
+from treetune_verl.timing import SECONDS
 
 
 class EntropyAgentLoopWorker(RolloutEntropyWorker, OverSamplingAgentLoopWorker):
     """``batch["rollout_entropy"]`` / ``has_rollout_entropy`` and ``batch["rollout_aborted"]`` (module docstring)."""
+
+    def _postprocess(
+        self, inputs: list[_InternalAgentLoopOutput], input_non_tensor_batch: dict | None = None
+    ) -> DataProto:
+        data = super()._postprocess(inputs, input_non_tensor_batch=input_non_tensor_batch)
+        seconds: list[Any] = [None] * len(data)
+        if seconds:
+            seconds[0] = SECONDS.take()  # this batch's (a worker runs one batch at a time)
+        data.non_tensor_batch[TIMING_KEY] = np.array(seconds, dtype=object)
+        return data

@@ -20,9 +20,17 @@ seam                                            what runs after verl's own, in o
 (``:1578``)                                     2. over-sampling: ``rollout/aborted_ratio``, ``rollout/score/...``
 ``RayPPOTrainer._val_metrics_update`` (end of   1. rollout entropy: ``val-aux/rollout_entropy/...`` of the
 ``_validate``, ``:625``)                           validation rollouts the manager kept
+``ray_trainer.compute_timing_metrics``          1. every feature's seconds in our code this step
+(``:1589``, after the step)                        (``timing_s/treetune/*``, ``treetune/share_of_step``,
+                                                   ``treetune_verl/timing.py``)
 ==============================================  =================================================================
 
-Module-level functions (``extract_reward``, ``compute_advantage``, ``compute_data_metrics``) are wrapped where
+Each step above runs inside ``timing.SECONDS.timed(<its feature>)``: the agreement, validation and pending metrics
+count as ``trainer_hooks``, the reward and metrics of aborted rows as ``over_sampling``, the advantages as
+``steering``.
+
+Module-level functions (``extract_reward``, ``compute_advantage``, ``compute_data_metrics``,
+``compute_timing_metrics``) are wrapped where
 ``fit`` looks them up: as globals of ``ray_trainer``.
 """
 
@@ -39,6 +47,7 @@ from treetune_verl.batch_keys import (
 from treetune_verl.patching import Wrap
 from treetune_verl.ppo.entropy_advantage import steer_advantages
 from treetune_verl.rollout.rollout_config import entropy_config
+from treetune_verl.timing import OVER_SAMPLING, SECONDS, STEERING, TRAINER_HOOKS, step_metrics
 from treetune_verl.trainer.features import RunFeatures
 from treetune_verl.trainer.metrics import actor_agreement_metrics, over_sample_metrics
 from treetune_verl.verl_guard import VERL
@@ -53,6 +62,7 @@ _COMPUTE_DATA_METRICS_PARAMS = ("batch", "use_critic")
 _VAL_METRICS_UPDATE_PARAMS = ("self", "data_sources", "sample_uids", "reward_extra_infos_dict", "sample_turns")
 _EXTRACT_REWARD_PARAMS = ("batch",)
 _COMPUTE_ADVANTAGE_PARAMS = ("data", "adv_estimator", "gamma", "lam", "num_repeat", "norm_adv_by_std_in_grpo", "config")
+_COMPUTE_TIMING_METRICS_PARAMS = ("batch", "timing_raw")
 
 # The run's features, from the trainer's config (install); a process trains one run.
 _FEATURES = RunFeatures()
@@ -78,19 +88,25 @@ def _wrap_compute_old_log_prob(original):
     def _compute_old_log_prob(self, batch):
         old_log_prob, mfu = original(self, batch)
         # 1. rollout entropy: agreement with the actor's own entropy of the same tokens
-        actor_entropy = old_log_prob.batch.get(ACTOR_ENTROPY_KEY, None)
-        rollout_entropy = batch.batch.get(ROLLOUT_ENTROPY_KEY, None)
-        if (
-            actor_entropy is not None
-            and rollout_entropy is not None
-            and agreement_is_defined(self.config.actor_rollout_ref.rollout)
-        ):
-            has_entropy = batch.batch.get(HAS_ROLLOUT_ENTROPY_KEY)
-            mask = batch.batch["response_mask"]
-            _pending(batch).update(actor_agreement_metrics(rollout_entropy, actor_entropy, mask, has_entropy))
+        with SECONDS.timed(TRAINER_HOOKS):
+            _agreement(self, batch, old_log_prob)
         return old_log_prob, mfu
 
     return _compute_old_log_prob
+
+
+def _agreement(trainer: Any, batch: Any, old_log_prob: Any) -> None:
+    """``rollout_entropy/actor_abs_diff/{mean,max}`` into the step's pending metrics, when defined."""
+    actor_entropy = old_log_prob.batch.get(ACTOR_ENTROPY_KEY, None)
+    rollout_entropy = batch.batch.get(ROLLOUT_ENTROPY_KEY, None)
+    if (
+        actor_entropy is not None
+        and rollout_entropy is not None
+        and agreement_is_defined(trainer.config.actor_rollout_ref.rollout)
+    ):
+        has_entropy = batch.batch.get(HAS_ROLLOUT_ENTROPY_KEY)
+        mask = batch.batch["response_mask"]
+        _pending(batch).update(actor_agreement_metrics(rollout_entropy, actor_entropy, mask, has_entropy))
 
 
 def _wrap_extract_reward(original):
@@ -98,9 +114,10 @@ def _wrap_extract_reward(original):
         reward_tensor, reward_extra_infos = original(batch)
         # 1. over-sampling: an aborted row's reward is 0 whoever computed it (a reward function may score an empty
         # response, e.g. a format penalty)
-        aborted = batch.batch.get(ROLLOUT_ABORTED_KEY, None)
-        if aborted is not None and bool(aborted.any()):
-            reward_tensor = reward_tensor.masked_fill(aborted.bool().unsqueeze(-1), 0.0)
+        with SECONDS.timed(OVER_SAMPLING):
+            aborted = batch.batch.get(ROLLOUT_ABORTED_KEY, None)
+            if aborted is not None and bool(aborted.any()):
+                reward_tensor = reward_tensor.masked_fill(aborted.bool().unsqueeze(-1), 0.0)
         return reward_tensor, reward_extra_infos
 
     return extract_reward
@@ -113,7 +130,8 @@ def _wrap_compute_advantage(original):
         data = original(data, adv_estimator, gamma, lam, num_repeat, norm_adv_by_std_in_grpo, config)
         # 1. steering: advantages reshaped from rollout_entropy (no extra forward pass)
         if _FEATURES.steering.active:
-            _pending(data).update(steer_advantages(data, _FEATURES.steering))
+            with SECONDS.timed(STEERING):
+                _pending(data).update(steer_advantages(data, _FEATURES.steering))
         return data
 
     return compute_advantage
@@ -123,14 +141,26 @@ def _wrap_compute_data_metrics(original):
     def compute_data_metrics(batch, use_critic=True):
         metrics = original(batch, use_critic)
         # 1. what the seams above (and the manager, for the rollout) left for this step
-        metrics.update(batch.meta_info.pop(PENDING_METRICS_KEY, {}))
+        with SECONDS.timed(TRAINER_HOOKS):
+            metrics.update(batch.meta_info.pop(PENDING_METRICS_KEY, {}))
         # 2. over-sampling
-        aborted = batch.batch.get(ROLLOUT_ABORTED_KEY, None)
-        if aborted is not None:
-            metrics.update(over_sample_metrics(aborted, batch.batch["token_level_scores"].sum(-1)))
+        with SECONDS.timed(OVER_SAMPLING):
+            aborted = batch.batch.get(ROLLOUT_ABORTED_KEY, None)
+            if aborted is not None:
+                metrics.update(over_sample_metrics(aborted, batch.batch["token_level_scores"].sum(-1)))
         return metrics
 
     return compute_data_metrics
+
+
+def _wrap_compute_timing_metrics(original):
+    def compute_timing_metrics(batch, timing_raw):
+        metrics = original(batch, timing_raw)
+        # 1. every feature's seconds in our code since the last step's (timing.py)
+        metrics.update(step_metrics(SECONDS.take(), timing_raw.get("step")))
+        return metrics
+
+    return compute_timing_metrics
 
 
 def _wrap_val_metrics_update(original):
@@ -139,7 +169,8 @@ def _wrap_val_metrics_update(original):
         # 1. rollout entropy of the validation rollouts (verl's _validate drops the generation's meta_info["timing"])
         take = getattr(self.async_rollout_manager, "take_validation_metrics", None)
         if take is not None:
-            metrics.update({f"val-aux/{key.removeprefix('agent_loop/')}": value for key, value in take().items()})
+            with SECONDS.timed(TRAINER_HOOKS):
+                metrics.update({f"val-aux/{key.removeprefix('agent_loop/')}": value for key, value in take().items()})
         return metrics
 
     return _val_metrics_update
@@ -162,5 +193,6 @@ def install(features: RunFeatures) -> None:
         Wrap(ray_trainer, "compute_advantage", _wrap_compute_advantage, _COMPUTE_ADVANTAGE_PARAMS),
         Wrap(ray_trainer, "compute_data_metrics", _wrap_compute_data_metrics, _COMPUTE_DATA_METRICS_PARAMS),
         Wrap(trainer, "_val_metrics_update", _wrap_val_metrics_update, _VAL_METRICS_UPDATE_PARAMS),
+        Wrap(ray_trainer, "compute_timing_metrics", _wrap_compute_timing_metrics, _COMPUTE_TIMING_METRICS_PARAMS),
     )
     _FEATURES = features

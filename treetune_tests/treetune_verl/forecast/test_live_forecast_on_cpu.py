@@ -6,8 +6,10 @@ Real: verl's actor (mini-batches, PPO loss, clipping in ``_optimizer_step``, Ada
 an earlier real update), torch's FSDP2 (``fully_shard``) over one and two gloo ranks. The reference is computed on a
 plain copy of the model with the real step's Δθ = θ′ − θ read from the weights (not the forecast's dry-run), on the
 E the forecast sampled (every rank's share, rebuilt with ``make_probe_batch``): X per prompt from the probe's
-backward passes (exact, where the forecast takes central differences of forwards), and the realised change from the
-probe's entropy statistics before and after that step; two ranks, whose rows split every group, too.
+backward passes (exact, where the forecast takes central differences of forwards), and the realised change from an
+HF forward of each sampled sequence before and after that step, with the importance-weighted estimate written out
+here (log-softmax, per-token entropies, weights and the leave-one-out control variate: no product code); two ranks,
+whose rows split every group, too.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ from treetune_verl.forecast.settings import ForecastSettings
 from treetune_verl.patching import original_of
 from treetune_verl.probe.batch import make_probe_batch
 from treetune_verl.probe.components import ProbeComponents
-from treetune_verl.probe.ground_truth import importance_weighted_entropies, sequence_entropy_stats
 
 PROMPT, RESPONSE, VOCAB, GROUPS, N = 3, 4, 32, 4, 2
 LENGTHS = [4, 2, 3, 4, 1, 4, 2, 3]  # row k belongs to group k // N
@@ -161,7 +162,36 @@ def _ranks(
     return [torch.load(tmp_path / f"rank{rank}.pt", weights_only=False) for rank in range(world)]
 
 
-def _reference(E: dict[str, torch.Tensor]) -> dict[str, float]:
+@torch.no_grad()
+def _sequence_stats(model: torch.nn.Module, prompt: list[int], response: list[int]) -> tuple[float, float]:
+    """(log π(response | prompt), Σ_t H_t nats over the response's positions) from one HF forward at T = 1."""
+    ids = torch.tensor([prompt + response])
+    logits = model.eval()(input_ids=ids).logits[0, len(prompt) - 1 : -1].double()  # the positions predicting y
+    log_p = torch.log_softmax(logits, dim=-1)
+    S = log_p.gather(-1, torch.tensor(response)[:, None]).sum()
+    F = -(log_p.exp() * log_p).sum()
+    return float(S), float(F)
+
+
+def _realised_change(
+    before: torch.nn.Module, after: torch.nn.Module, prompts: list[list[int]], responses: list[list[list[int]]]
+) -> torch.Tensor:
+    """Per prompt, (Ĥ(θ′) − Ĥ(θ)) / R from the responses sampled at θ: Ĥ(θ) = mean_g F_θ, Ĥ(θ′) = mean_g [w_g F_θ′ −
+    (w_g − 1) · mean_{g′≠g} F_θ′[g′]] with w_g = π_θ′(y_g) / π_θ(y_g) (unbiased importance weights with a
+    leave-one-out control variate)."""
+    changes = []
+    for prompt, group in zip(prompts, responses, strict=True):
+        S0, F0 = zip(*[_sequence_stats(before, prompt, y) for y in group], strict=True)
+        S1, F1 = zip(*[_sequence_stats(after, prompt, y) for y in group], strict=True)
+        w = [math.exp(s1 - s0) for s0, s1 in zip(S0, S1, strict=True)]
+        G = len(group)
+        others = [(sum(F1) - f) / (G - 1) for f in F1]
+        h_after = sum(w[g] * F1[g] - (w[g] - 1) * others[g] for g in range(G)) / G
+        changes.append((h_after - sum(F0) / G) / RESPONSE)
+    return torch.tensor(changes, dtype=torch.float64)
+
+
+def _reference(E: dict[str, torch.Tensor], E_batches: list[dict[str, torch.Tensor]]) -> dict[str, float]:
     """Plain model, verl's actor without FSDP: the real step's Δθ, X per prompt of E from the probe, realised change."""
     model = _model().train()
     actor = DataParallelPPOActor(_config(GROUPS * N), model, _optimizer(model))
@@ -182,19 +212,16 @@ def _reference(E: dict[str, torch.Tensor]) -> dict[str, float]:
             dots.append(ProbeComponents.dot_param_buffers({n: buffer[n].double() for n in step}, step))
         out[f"deltaH1/{estimator}"] = float(np.mean(dots))
         out[f"deltaH1_se/{estimator}"] = float(np.std(dots, ddof=1) / math.sqrt(len(dots)))
-    components = ProbeComponents(probe_model, SETTINGS.probe_config("rb_residual", 1.0))
-    stats_before = sequence_entropy_stats(components, E, 1)
-    probe_model.load_state_dict(model.state_dict())
-    stats_after = sequence_entropy_stats(components, E, 1, allow_zero_probability=True)
-    h0, h1, _ = importance_weighted_entropies(*stats_before, *stats_after)
-    per_prompt = (h1 - h0) / RESPONSE
+    prompts, responses = _token_lists(E_batches)
+    per_prompt = _realised_change(probe_model, model, prompts, responses)
     out["deltaH_realised"] = float(per_prompt.mean())
     out["deltaH_realised_se"] = float(per_prompt.std() / math.sqrt(len(per_prompt)))
     return out
 
 
-def _joined(batches: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """The ranks' E shares as one probe batch (token lists read back from the layout of ``probe/batch.py``)."""
+def _token_lists(batches: list[dict[str, torch.Tensor]]) -> tuple[list[list[int]], list[list[list[int]]]]:
+    """The ranks' E shares as token lists: prompts ``[B]`` and responses ``[B][G]`` (read back from the layout of
+    ``probe/batch.py``: left-padded prompt, right-padded responses, attention mask)."""
     prompts, responses = [], []
     for E in batches:
         seq, mask = E["sequences"], E["attention_masks"].bool()
@@ -203,6 +230,12 @@ def _joined(batches: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
             P = start + int(E["prompt_lens"][b])
             prompts.append(seq[b, 0, start:P].tolist())
             responses.append([seq[b, g, P:][mask[b, g, P:]].tolist() for g in range(seq.shape[1])])
+    return prompts, responses
+
+
+def _joined(batches: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The ranks' E shares as one probe batch."""
+    prompts, responses = _token_lists(batches)
     B = len(prompts)
     return make_probe_batch(prompts, responses, torch.zeros(B, N), 0, [RESPONSE] * B)
 
@@ -217,9 +250,10 @@ def _with_rank_zero(fn, *args):
 @pytest.mark.parametrize("world", [1, 2])
 def test_fsdp2_forecast_matches_the_plain_reference(tmp_path, world, method):
     results = _ranks(world, tmp_path, mini_rows=GROUPS * N, method=method)  # one mini-batch: one optimizer step
-    E = _joined([result["E"] for result in results])
+    E_batches = [result["E"] for result in results]
+    E = _joined(E_batches)
     assert E["sequences"].shape[:2] == (GROUPS, N)  # every prompt once, G = rollout.n fresh responses
-    reference = _with_rank_zero(_reference, E)
+    reference = _with_rank_zero(_reference, E, E_batches)
     for result in results:
         metrics = result["metrics"]
         assert metrics["probe/optimizer_steps"] == 1 and metrics["probe/eval_prompts"] == GROUPS

@@ -20,6 +20,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopManager
 from verl.protocol import DataProto
 from verl.trainer.ppo import ray_trainer
 
+from treetune_verl import timing
 from treetune_verl.agent_loop import EntropyAgentLoopManager
 from treetune_verl.batch_keys import PENDING_METRICS_KEY
 from treetune_verl.patching import is_patched, original_of
@@ -109,6 +110,7 @@ def test_install_is_idempotent_and_guarded(monkeypatch):
         (ray_trainer.RayPPOTrainer, "_val_metrics_update"),
         (ray_trainer, "extract_reward"),
         (ray_trainer, "compute_advantage"),
+        (ray_trainer, "compute_timing_metrics"),
     ]:
         monkeypatch.setattr(owner, name, original_of(getattr(owner, name)))  # upstream for this test, restored after
     monkeypatch.setattr(hooks, "_FEATURES", hooks._FEATURES)  # restored after
@@ -210,3 +212,31 @@ def test_entropy_steering_settings(section, expected):
     else:
         assert entropy_steering(rollout) == expected
         assert entropy_steering(rollout).active == (expected != EntropySteering())
+
+
+def test_timing_seam_logs_every_features_seconds_and_their_share_of_the_step(monkeypatch):
+    """verl's real ``compute_timing_metrics`` runs; our seconds since the last step join its metrics, then reset."""
+    monkeypatch.setattr(timing, "SECONDS", timing.FeatureSeconds())
+    monkeypatch.setattr(hooks, "SECONDS", timing.SECONDS)
+    wrapped = hooks._wrap_compute_timing_metrics(original_of(ray_trainer.compute_timing_metrics))
+    batch = _grpo_batch()
+    batch.batch["attention_mask"] = torch.ones(4, 6, dtype=torch.long)
+    batch.batch["responses"] = torch.zeros(4, 3, dtype=torch.long)
+    timing.SECONDS.add({"steering": 0.25, "over_sampling": 0.5})
+    timing.SECONDS.add({"steering": 0.25})
+    metrics = wrapped(batch, {"step": 10.0, "gen": 4.0})
+    assert metrics["timing_s/gen"] == 4.0  # verl's own
+    assert metrics["timing_s/treetune/steering"] == 0.5 and metrics["timing_s/treetune/over_sampling"] == 0.5
+    assert metrics["timing_s/treetune/rollout_entropy"] == 0.0 and metrics["timing_s/treetune/trainer_hooks"] == 0.0
+    assert metrics["timing_s/treetune/total"] == 1.0 and metrics["treetune/share_of_step"] == pytest.approx(0.1)
+    assert wrapped(batch, {"step": 10.0})["timing_s/treetune/total"] == 0.0  # taken: the next step starts at zero
+
+
+def test_the_seams_time_their_steps_under_their_feature(monkeypatch):
+    monkeypatch.setattr(hooks, "SECONDS", timing.FeatureSeconds())
+    monkeypatch.setattr(hooks, "_FEATURES", RunFeatures(steering=EntropySteering(pg_token_quantile=0.5)))
+    hooks._wrap_compute_advantage(original_of(ray_trainer.compute_advantage))(_grpo_batch([True] * 4), "grpo")
+    extract = hooks._wrap_extract_reward(lambda batch: (torch.ones(4, 3), {}))
+    extract(_grpo_batch())
+    seconds = hooks.SECONDS.take()
+    assert set(seconds) == {"steering", "over_sampling"} and all(value > 0 for value in seconds.values())
