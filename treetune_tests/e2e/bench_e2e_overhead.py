@@ -24,6 +24,10 @@ Reported per phase:
   pairs, with the same CI. More values, but the steps of one run share its process placement and machine state:
   they are not independent, so this CI is optimistic; a secondary figure.
 
+The block arm's in-run attribution (``feature_shares.py``: seconds inside our code per feature, and their share of
+``timing_s/step``) is recorded per run too (``block_total_share_of_step``), the noise-free figure the ratio
+cross-checks.
+
 Goal (issue acceptance): the block at most 1 % slower in ``gen`` (ratio <= 1.01): met when the pair CI's upper end
 is <= 1.01, missed when its lower end is > 1.01, not resolved otherwise. Writes JSON (``--out``) after
 every pair; ``--budget-s`` starts no pair that the slowest pair so far says would end past the budget. Figures:
@@ -49,6 +53,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
 from treetune_tests.e2e.check_metrics import read_steps, training_steps  # noqa: E402
+from treetune_tests.e2e.feature_shares import feature_shares  # noqa: E402
 from treetune_tests.treetune_verl.sglang.bench_entropy_throughput import median_ci95  # noqa: E402
 
 E2E_SCRIPT = REPO_ROOT / "treetune_tests" / "e2e" / "test_entropy_e2e.sh"
@@ -93,6 +98,8 @@ def run_once(arm: str, pair: int, args: argparse.Namespace) -> dict:
     # {"step": n, "s": {phase: seconds}} (the phase "step" is verl's timing_s/step)
     timings = [{"step": m["step"], "s": {p: m[f"timing_s/{p}"] for p in PHASES if f"timing_s/{p}" in m}} for m in steps]
     run = {"pair": pair, "arm": arm, "workdir": str(work), "wall_s": wall, "load1_before": load, "steps": timings}
+    if arm == "block":  # the in-run attribution (treetune_verl/timing.py): the cross-check of the ratio
+        run["feature_shares"] = feature_shares(read_steps(work / "metrics.jsonl"))
     shown = ", ".join(f"{p} {statistics.median(kept(run, p).values()):.3f} s" for p in ("gen", "step") if kept(run, p))
     wall_text = "reused" if wall is None else f"{wall:.1f} s wall"
     print(f"  pair {pair} {arm}: {wall_text}, load {load:.2f} before; median after step 1: {shown}", flush=True)
@@ -192,6 +199,9 @@ def write_report(args: argparse.Namespace, command: str, orders: list, started: 
         },
         "goal": {"phase": GOAL_PHASE, "max_ratio": GOAL_RATIO, "verdict": result},
         "summary": summary,
+        "block_total_share_of_step": [
+            run["feature_shares"].get("total", {}).get("median_share") for run in runs if "feature_shares" in run
+        ],
         "runs": runs,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -27,6 +27,7 @@ from treetune_tests.e2e.check_metrics import (
     same_generations,
     training_steps,
 )
+from treetune_tests.e2e.feature_shares import feature_shares, table
 
 VAL_CORE = "val-core/treetune/arithmetic/acc/mean@1"
 # What treetune_verl/timing.py logs for a run with the block only (over-sampling and steering off: 0 s).
@@ -193,3 +194,19 @@ def test_timing_checks_every_feature_and_the_share():
     assert any(TREETUNE_TIMING + "steering" in e for e in idle)
     assert any(TREETUNE_SHARE in e for e in check([_train(1, **{TREETUNE_SHARE: 1.5})], min_steps=1))
     assert check([{k: v for k, v in _train(1).items() if "treetune" not in k}], min_steps=1, entropy=False) == []
+
+
+def test_feature_shares_are_medians_over_the_steps_after_the_first():
+    steps = [
+        _train(1, **{"timing_s/step": 20.0, TREETUNE_TIMING + "steering": 5.0}),  # warm-up: dropped
+        _train(2, **{"timing_s/step": 10.0, TREETUNE_TIMING + "steering": 0.1}),
+        _train(3, **{"timing_s/step": 5.0, TREETUNE_TIMING + "steering": 0.1}),
+        _train(4, **{"timing_s/step": 10.0, TREETUNE_TIMING + "steering": 0.3}),
+    ]
+    shares = feature_shares(steps)
+    assert shares["steering"] == {"median_s": 0.1, "min_s": 0.1, "max_s": 0.3, "median_share": 0.02}
+    assert shares["rollout_entropy"]["median_share"] == pytest.approx(0.001)
+    assert shares["step"]["median_s"] == 10.0 and "median_share" not in shares["step"]
+    assert "steering" in table(shares)
+    with pytest.raises(ValueError, match="at least 2 steps"):
+        feature_shares(steps[:1])

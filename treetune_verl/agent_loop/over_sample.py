@@ -15,15 +15,13 @@ verl 0.7.1 documents ``actor_rollout_ref.rollout.over_sample_rate`` ("abort rema
   ``batch - target`` aborted, even when a few trajectories finish while the abort is on its way (they lose the race
   and are dropped like the rest).
 
-The trajectory a coroutine works for travels in :data:`CURRENT_TRAJECTORY` (a ``ContextVar``: every agent-loop task
-gets its own copy), so the server manager can name its requests and answer an aborted step at once.
+A trajectory's session and step travel with its coroutine in ``trajectory.CURRENT_TRAJECTORY``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,17 +84,6 @@ class _StepCount:
 
 
 CompletionCounter = ray.remote(num_cpus=0)(StepCounter)
-
-
-@dataclass(frozen=True)
-class Trajectory:
-    """The trajectory an agent-loop coroutine works for: its session prefix and, when over-sampling, the step."""
-
-    session: str
-    step: OverSampleStep | None = None
-
-
-CURRENT_TRAJECTORY: ContextVar[Trajectory | None] = ContextVar("treetune_trajectory", default=None)
 
 
 class OverSampleStep:

@@ -25,8 +25,9 @@ import torch
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, AgentLoopWorker, _InternalAgentLoopOutput
 from verl.protocol import DataProto
 
-from treetune_verl.agent_loop.over_sample import CURRENT_TRAJECTORY, OverSampleStep, Trajectory, step_of
+from treetune_verl.agent_loop.over_sample import OverSampleStep, step_of
 from treetune_verl.agent_loop.session_server_manager import SessionServerManager
+from treetune_verl.agent_loop.trajectory import CURRENT_TRAJECTORY, Trajectory
 from treetune_verl.batch_keys import ROLLOUT_ABORTED_KEY
 from treetune_verl.rollout.session import new_session_id
 from treetune_verl.timing import OVER_SAMPLING, SECONDS

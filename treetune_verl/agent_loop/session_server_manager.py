@@ -4,7 +4,7 @@
 
 verl's manager sends a fresh ``uuid4().hex`` per turn (``agent_loop.py:158``), so nobody can abort a trajectory's
 requests. Here the request id of each turn is ``<session prefix><hex>`` (:mod:`treetune_verl.rollout.session`), the
-session being the one of the calling trajectory (:data:`~treetune_verl.agent_loop.over_sample.CURRENT_TRAJECTORY`),
+session being the one of the calling trajectory (:data:`~treetune_verl.agent_loop.trajectory.CURRENT_TRAJECTORY`),
 and the servers can be told to abort sessions. Used by every agent loop of the worker, stock verl loops included.
 """
 
@@ -17,7 +17,7 @@ from uuid import uuid4
 from verl.experimental.agent_loop.agent_loop import AsyncLLMServerManager
 from verl.utils.rollout_trace import rollout_trace_op
 
-from treetune_verl.agent_loop.over_sample import CURRENT_TRAJECTORY
+from treetune_verl.agent_loop.trajectory import CURRENT_TRAJECTORY
 from treetune_verl.rollout.session import turn_request_id
 from treetune_verl.rollout.token_output import ABORTED_STOP_REASON, empty_token_output
 

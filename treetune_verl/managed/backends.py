@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 from uuid import uuid4
 
-from treetune_verl.agent_loop.over_sample import CURRENT_TRAJECTORY
 from treetune_verl.agent_loop.recorder import served_entropy
+from treetune_verl.agent_loop.trajectory import CURRENT_TRAJECTORY
 from treetune_verl.rollout.session import new_session_id, turn_request_id
 
 

@@ -1,0 +1,29 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""The trajectory an agent-loop coroutine works for, carried with it: its session and, when over-sampling, its step.
+
+The worker (``over_sample_worker.py``) sets :data:`CURRENT_TRAJECTORY` around each trajectory (a ``ContextVar``:
+every agent-loop task gets its own copy); whoever sends the trajectory's requests reads it: the session server
+manager (``session_server_manager.py``) names each turn after the session and answers an aborted step at once, and
+managed sessions' ``VerlBackend`` (``treetune_verl/managed/backends.py``) does the same for the agent's calls.
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from treetune_verl.agent_loop.over_sample import OverSampleStep
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """Its session prefix (``rollout/session.py``) and, when over-sampling, the worker's step."""
+
+    session: str
+    step: OverSampleStep | None = None
+
+
+CURRENT_TRAJECTORY: ContextVar[Trajectory | None] = ContextVar("treetune_trajectory", default=None)
