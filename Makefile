@@ -30,7 +30,7 @@ $(STAMP): tools/cpu_env/setup.sh tools/cpu_env/constraints.txt tools/cpu_env/req
 ## Main job: SmolLM2-135M through the patched sglang Engine on CPU; prints a per-response entropy table,
 ## writes outputs/generate/{responses.jsonl,entropy.html}. Pass options with ARGS="--top-k 20 ...".
 run: setup
-	$(PY) -m treetune_verl.sglang.generate $(ARGS)
+	$(PY) -m treetune_verl.generation.quick_run $(ARGS)
 
 ## Dataset-scale generation with per-token entropy (built-in arithmetic word problems by default), resumable: a rerun
 ## with the same output.dir continues. Hydra overrides via ARGS, e.g. ARGS="input.path=data.parquet sampling.n=4".

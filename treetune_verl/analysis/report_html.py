@@ -3,7 +3,7 @@
 """``report.html``: the plots, the figures, the forking tokens and a few responses as heat-maps, on one page.
 
 The page references the PNGs next to it by relative path, so the folder can be moved or served as is. Heat-maps and
-their colour legend are ``make run``'s (``treetune_verl.sglang.report``), on one scale: the run's p99 entropy.
+their colour legend are ``make run``'s (``treetune_verl.generation.heatmap``), on one scale: the run's p99 entropy.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from treetune_verl.analysis.stats import correctness
-from treetune_verl.sglang.report import HEATMAP_CSS, entropy_legend, token_heatmap
+from treetune_verl.generation.heatmap import HEATMAP_CSS, entropy_legend, token_heatmap
 
 
 def pick_examples(records: Sequence[dict[str, Any]], count: int) -> list[dict[str, Any]]:

@@ -93,7 +93,7 @@ def response_row(
     score: Callable[[str, str, str | None], float | None],
 ) -> dict[str, Any]:
     """One output row (schema.RESPONSE_SCHEMA) from an Engine output requested with ``return_logprob=True``."""
-    from treetune_verl.sglang.report import record_from_output
+    from treetune_verl.generation.records import record_from_output
 
     item = request.item
     record = record_from_output(item.display_prompt, output, decode_token)
@@ -130,7 +130,7 @@ def _context_len(model: str) -> int | None:
 
 def start_engine(cfg: DictConfig, model: str) -> Any:
     """The patched Engine of the job (entropy installed first; quiet, seeded)."""
-    from treetune_verl.sglang.generate import quiet_known_notices
+    from treetune_verl.generation.quick_run import quiet_known_notices
 
     quiet_known_notices()  # before sglang is imported
     import sglang

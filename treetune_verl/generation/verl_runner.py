@@ -9,7 +9,7 @@ rows over them. So the job scales to every machine of a Ray cluster, through exa
 worker, ``DataProto.batch["rollout_entropy"]``) that carry entropy into training.
 
 Rows go to the manager ``verl.batch_size`` at a time; each batch's responses are handed over as one Engine-shaped
-output per row (what :func:`treetune_verl.sglang.report.record_from_output` reads), so the job writes the same
+output per row (what :func:`treetune_verl.generation.records.record_from_output` reads), so the job writes the same
 rows whichever backend served them.
 """
 

@@ -1,17 +1,24 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""The main job (``python -m treetune_verl.sglang.generate``) end to end on a real CPU Engine, and its report."""
+"""The main job of ``make run`` (``python -m treetune_verl.generation.quick_run``) end to end on a real CPU Engine,
+its records and heat-map page, and the deprecated old paths (``treetune_verl.sglang.generate`` / ``.report``)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
+import os
+import subprocess
+import sys
+import warnings
 
 import pytest
 
 from treetune_tests.treetune_verl.sglang.engine_helpers import hf_token_entropy
-from treetune_verl.sglang import generate
-from treetune_verl.sglang.report import entropy_summary, render_html
+from treetune_verl.generation import quick_run
+from treetune_verl.generation.heatmap import render_html
+from treetune_verl.generation.records import entropy_summary
 
 
 @pytest.mark.engine
@@ -19,7 +26,7 @@ def test_main_job_writes_table_jsonl_and_html(tiny_model_dir, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("What is 7 plus 5?\n\nName three colours.\n")
     out_dir = tmp_path / "out"
-    records = generate.main(
+    records = quick_run.main(
         ["--model", str(tiny_model_dir), "--prompts", str(prompts), "--max-new-tokens", "12", "--top-k", "20"]
         + ["--mode", "tempered", "--temperature", "0.7", "--device", "cpu", "--out-dir", str(out_dir)]
     )
@@ -43,9 +50,9 @@ def test_main_job_writes_table_jsonl_and_html(tiny_model_dir, tmp_path):
 
 def test_bad_arguments_are_rejected_before_any_work(capsys):
     with pytest.raises(SystemExit):
-        generate.parse_args(["--top-k", "-1"])
+        quick_run.parse_args(["--top-k", "-1"])
     with pytest.raises(SystemExit):
-        generate.parse_args(["--mode", "sharpened"])
+        quick_run.parse_args(["--mode", "sharpened"])
     assert "--top-k must be >= 0" in capsys.readouterr().err
 
 
@@ -76,19 +83,54 @@ def test_html_escapes_token_text_and_shades_by_entropy():
 
 
 def test_quiet_known_notices_filters_only_the_known_notices(monkeypatch):
-    import warnings
-
     monkeypatch.setenv("PYTHONWARNINGS", "default")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        generate.quiet_known_notices()
+        quick_run.quiet_known_notices()
         for module, message in (
             ("sglang.srt.layers.quantization.awq", "Only CUDA, HIP and XPU support AWQ currently."),
             ("treetune_elsewhere", "Only CUDA, HIP and XPU support AWQ currently."),
         ):
             warnings.warn_explicit(message, UserWarning, "x.py", 1, module=module)
     assert [w.filename for w in caught] == ["x.py"] and len(caught) == 1  # only the one from another module shows
-    import os
-
     options = os.environ["PYTHONWARNINGS"].split(",")
     assert options[0] == "default" and "ignore:Only CUDA:UserWarning:sglang.srt.layers.quantization.gguf" in options
+
+
+def _old_cli(*options: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}  # Python's default warning filters
+    command = [sys.executable, *options, "-m", "treetune_verl.sglang.generate", "--help"]
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_old_cli_path_warns_and_still_runs_the_new_job():
+    result = _old_cli()
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "--top-k" in result.stdout and "--max-new-tokens" in result.stdout  # quick_run's own options
+    assert "DeprecationWarning" in result.stderr and "treetune_verl.generation.quick_run" in result.stderr
+    refused = _old_cli("-W", "error::DeprecationWarning")
+    assert refused.returncode != 0 and "DeprecationWarning" in refused.stderr and "--top-k" not in refused.stdout
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "names"),
+    [
+        ("sglang.generate", "generation.quick_run", ["main", "parse_args", "load_prompts", "quiet_known_notices"]),
+        (
+            "sglang.report",
+            "generation.records",
+            ["record_from_output", "entropy_summary", "format_table", "write_jsonl"],
+        ),
+        ("sglang.report", "generation.heatmap", ["HEATMAP_CSS", "entropy_legend", "token_heatmap", "render_html"]),
+    ],
+)
+def test_old_import_paths_warn_and_give_the_moved_objects(monkeypatch, old, new, names):
+    old, new = f"treetune_verl.{old}", importlib.import_module(f"treetune_verl.{new}")
+    monkeypatch.delitem(sys.modules, old, raising=False)  # a fresh import, which is what warns
+    with pytest.warns(DeprecationWarning, match=rf"{old} is deprecated.*{new.__name__}"):
+        module = importlib.import_module(old)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # reading a moved name does not warn again
+        assert all(getattr(module, name) is getattr(new, name) for name in names)
+    with pytest.raises(AttributeError):
+        _ = module.no_such_name
