@@ -2,13 +2,34 @@
 # SPDX-License-Identifier: Apache-2.0
 #
 # `make run` and `make test` are the README's contract: each works on a fresh CPU machine with nothing
-# installed, setting up .venv on first use (a few minutes) and reusing it afterwards.
+# installed, setting up its environment on first use (a few minutes) and reusing it afterwards.
+#
+# Two stacks: STACK=pinned (default; .venv: sglang 0.5.6.post2 + verl 0.7.1) and STACK=current (.venv-current:
+# sglang 0.5.12 + verl 0.9.1). `make test` runs the whole suite on the pinned stack, then the current stack's suite
+# (CURRENT_TESTS: what runs there today).
 
+STACK   ?= pinned
+ifeq ($(STACK),current)
+VENV    ?= .venv-current
+else ifeq ($(STACK),pinned)
 VENV    ?= .venv
+else
+$(error STACK must be pinned or current, got '$(STACK)')
+endif
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.treetune-setup-done
 ARGS    ?=
 PYTEST_ARGS ?=
+
+# The current stack's suite: the real-Engine tests (one file, both stacks), the sglang side's version-independent
+# tests and the 0.5.12 adapter's, the generation job and make run's CLI.
+CURRENT_TESTS := \
+	treetune_tests/treetune_verl/sglang/test_entropy_engine_on_cpu.py \
+	treetune_tests/treetune_verl/sglang/test_current_stack_on_cpu.py \
+	treetune_tests/treetune_verl/sglang/test_entropy_on_cpu.py \
+	treetune_tests/treetune_verl/sglang/test_config_on_cpu.py \
+	treetune_tests/treetune_verl/generation/test_generation_job_on_cpu.py \
+	treetune_tests/treetune_verl/generation/test_quick_run_on_cpu.py
 
 # Every cache stays inside the repo; no model hub is reachable.
 export TREETUNE_CACHE_DIR ?= $(CURDIR)/.cache
@@ -23,8 +44,9 @@ export TOKENIZERS_PARALLELISM := false
 
 setup: $(STAMP)
 
-$(STAMP): tools/cpu_env/setup.sh tools/cpu_env/constraints.txt tools/cpu_env/requirements-cpu.txt pyproject.toml
-	TREETUNE_VENV=$(VENV) bash tools/cpu_env/setup.sh
+$(STAMP): tools/cpu_env/setup.sh tools/cpu_env/constraints.txt tools/cpu_env/requirements-cpu.txt \
+		tools/cpu_env/current/constraints.txt tools/cpu_env/current/requirements-cpu.txt pyproject.toml
+	STACK=$(STACK) TREETUNE_VENV=$(VENV) bash tools/cpu_env/setup.sh
 	touch $@
 
 ## Main job: SmolLM2-135M through the patched sglang Engine on CPU; prints a per-response entropy table,
@@ -46,9 +68,16 @@ analyze: setup
 probe: setup
 	$(PY) -m treetune_verl.probe $(ARGS)
 
-## Whole test suite (CPU): unit, real-class and real-Engine tests. GPU-only tests skip.
+## Whole test suite (CPU) on the pinned stack: unit, real-class and real-Engine tests (GPU-only tests skip); then
+## the current stack's suite in its own environment. STACK=current runs only the latter.
+ifeq ($(STACK),current)
+test: setup
+	$(PY) -m pytest $(CURRENT_TESTS) $(PYTEST_ARGS)
+else
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+	$(MAKE) test STACK=current VENV=.venv-current
+endif
 
 ## Everything except the tests that start a real sglang Engine.
 test-fast: setup

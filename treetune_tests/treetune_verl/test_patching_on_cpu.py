@@ -106,6 +106,6 @@ def test_swapped_restores_the_instance_attribute_also_on_exceptions():
 
 
 def test_the_two_upstreams_name_their_pinned_versions():
-    assert SGLANG.supported == ("0.5.6.post2",) and SGLANG.allow_env is not None
+    assert SGLANG.supported == ("0.5.6.post2", "0.5.12") and SGLANG.allow_env is not None  # pinned, current
     assert VERL.supported == ("0.7.1",) and VERL.allow_env is None
     assert SGLANG.error is not VERL.error

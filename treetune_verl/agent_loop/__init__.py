@@ -6,21 +6,31 @@ Along the entropy's path: ``recorder`` (a loop sees what its server served) -> `
 ``entropy_tool_agent_loop`` (``extra_fields["response_entropy"]``, aligned with ``response_ids``) ->
 ``entropy_worker`` (``batch["rollout_entropy"]``, ``[batch, response_length]``), combined with over-sampling in
 ``worker`` -> ``entropy_manager`` (selected by the Hydra block; logs ``treetune_verl/trainer/metrics``).
-``treetune_verl/batch_keys.py`` names the keys. Importing this package registers the agent loops
-``entropy_single_turn_agent`` and ``entropy_tool_agent`` in verl's registry; it does not import sglang.
+``treetune_verl/batch_keys.py`` names the keys. Importing a loop's module registers it in verl's registry
+(``entropy_single_turn_agent``, ``entropy_tool_agent``); the names below are imported on first use, so that the
+version-independent modules (``recorder``, ``trajectory``) import without verl 0.7.1's agent loop. No sglang import.
 Spec: ``treetune_specs/2026-11-22-verl-rollout-entropy.md``; map: ``agent-docs/architecture.md``.
 """
 
-from treetune_verl.agent_loop.entropy_manager import EntropyAgentLoopManager
-from treetune_verl.agent_loop.entropy_single_turn_agent_loop import EntropySingleTurnAgentLoop
-from treetune_verl.agent_loop.entropy_tool_agent_loop import EntropyToolAgentLoop
-from treetune_verl.agent_loop.entropy_worker import RolloutEntropyWorker, pad_response_entropy
-from treetune_verl.agent_loop.recorder import EntropyRecorder
-from treetune_verl.agent_loop.worker import EntropyAgentLoopWorker
-from treetune_verl.batch_keys import HAS_ROLLOUT_ENTROPY_KEY, RESPONSE_ENTROPY_KEY, ROLLOUT_ENTROPY_KEY
-from treetune_verl.rollout.rollout_config import check_rollout_config, entropy_config
-from treetune_verl.rollout.token_output import EntropyTokenOutput
-from treetune_verl.trainer.metrics import rollout_entropy_metrics
+from treetune_verl.lazy_exports import lazy_exports
+
+_WHERE = {
+    "EntropyAgentLoopManager": "treetune_verl.agent_loop.entropy_manager",
+    "EntropySingleTurnAgentLoop": "treetune_verl.agent_loop.entropy_single_turn_agent_loop",
+    "EntropyToolAgentLoop": "treetune_verl.agent_loop.entropy_tool_agent_loop",
+    "RolloutEntropyWorker": "treetune_verl.agent_loop.entropy_worker",
+    "pad_response_entropy": "treetune_verl.agent_loop.entropy_worker",
+    "EntropyRecorder": "treetune_verl.agent_loop.recorder",
+    "EntropyAgentLoopWorker": "treetune_verl.agent_loop.worker",
+    "HAS_ROLLOUT_ENTROPY_KEY": "treetune_verl.batch_keys",
+    "RESPONSE_ENTROPY_KEY": "treetune_verl.batch_keys",
+    "ROLLOUT_ENTROPY_KEY": "treetune_verl.batch_keys",
+    "check_rollout_config": "treetune_verl.rollout.rollout_config",
+    "entropy_config": "treetune_verl.rollout.rollout_config",
+    "EntropyTokenOutput": "treetune_verl.rollout.token_output",
+    "rollout_entropy_metrics": "treetune_verl.trainer.metrics",
+}
+__getattr__ = lazy_exports(__name__, _WHERE)
 
 __all__ = [
     "HAS_ROLLOUT_ENTROPY_KEY",

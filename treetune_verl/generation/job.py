@@ -51,7 +51,9 @@ def prompt_ids(
     ids = []
     for item in items:
         if tokenizer.chat_template:
-            tokens = tokenizer.apply_chat_template(list(item.messages), add_generation_prompt=True, tokenize=True)
+            tokens = tokenizer.apply_chat_template(
+                list(item.messages), add_generation_prompt=True, tokenize=True, return_dict=False
+            )
         elif len(item.messages) == 1:
             tokens = tokenizer(item.messages[0]["content"])["input_ids"]
         else:

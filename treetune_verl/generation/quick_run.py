@@ -109,10 +109,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     model = args.model or str(smollm2_path())
     prompts = load_prompts(args.prompts)
     tokenizer = AutoTokenizer.from_pretrained(model)
-    chats = [
-        tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
+    # Token ids from this tokenizer, not text: sglang 0.5.12 may load another tokenizer class for the same folder
+    # (it retries transformers 5's generic TokenizersBackend as a slow tokenizer), which splits text differently.
+    prompt_ids = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
         if tokenizer.chat_template
-        else p
+        else tokenizer(p)["input_ids"]
         for p in prompts
     ]
     install(top_k=args.top_k, mode=args.mode)
@@ -120,7 +124,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     engine = sglang.Engine(**engine_kwargs(model, args.device, random_seed=args.seed, log_level="error"))
     try:
         outputs = engine.generate(
-            prompt=chats,
+            input_ids=prompt_ids,
             sampling_params={
                 "max_new_tokens": args.max_new_tokens,
                 "temperature": args.temperature,

@@ -6,6 +6,8 @@ First stop on the entropy's path: ``install()`` builds an :class:`EntropyConfig`
 environment variables, which sglang's spawned scheduler process inherits and reads back with
 :meth:`EntropyConfig.from_env` before the patched Sampler exists.
 
+    TREETUNE_ENTROPY         1 = entropy is on for the sglang processes that inherit it (sglang >= 0.5.12: our
+                             ``sglang.srt.plugins`` entry point is inert without it; set by ``install()``)
     TREETUNE_ENTROPY_TOP_K   0 (default) = full vocabulary; k > 0 = entropy of the renormalised top-k
     TREETUNE_ENTROPY_MODE    raw (default): softmax(logits) before temperature;
                              tempered: softmax(logits / T) with each request's temperature T, the distribution
@@ -19,9 +21,13 @@ import dataclasses
 import os
 from typing import Literal
 
+ENV_ENABLED = "TREETUNE_ENTROPY"
 ENV_TOP_K = "TREETUNE_ENTROPY_TOP_K"
 ENV_MODE = "TREETUNE_ENTROPY_MODE"
 EntropyMode = Literal["raw", "tempered"]
+# Key added to each scheduler's internal state (Engine.get_server_info()["internal_states"][i]), both sglang versions:
+# the number of requests whose entropy the scheduler still holds; 0 once every request has finished or been aborted.
+INTERNAL_STATE_KEY = "treetune_entropy_requests"
 ENTROPY_MODES: tuple[str, ...] = ("raw", "tempered")
 
 
@@ -61,8 +67,13 @@ class EntropyConfig:
         return cls(top_k=top_k, mode=mode)  # type: ignore[arg-type]
 
     def to_env(self) -> dict[str, str]:
-        return {ENV_TOP_K: str(self.top_k or 0), ENV_MODE: self.mode}
+        return {ENV_ENABLED: "1", ENV_TOP_K: str(self.top_k or 0), ENV_MODE: self.mode}
 
     def export(self) -> None:
-        """Put this configuration into ``os.environ`` so that spawned scheduler processes inherit it."""
+        """Put this configuration (and the switch) into ``os.environ`` so that spawned scheduler processes inherit it."""
         os.environ.update(self.to_env())
+
+
+def enabled_in_env() -> bool:
+    """Whether this process was started with entropy on (``TREETUNE_ENTROPY=1``, inherited from ``install()``)."""
+    return os.environ.get(ENV_ENABLED, "").strip() == "1"

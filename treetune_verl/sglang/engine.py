@@ -10,55 +10,43 @@ The user's entry point to the sglang side (the verl side calls it too, from its 
     out = engine.generate(prompt, {"max_new_tokens": 32}, return_logprob=True)
     out["meta_info"]["output_token_entropy"]   # list[float], nats, one per generated token
 
-``install`` exports the configuration for the spawned scheduler processes, injects
-``custom_run_scheduler_process`` as ``sglang.srt.entrypoints.engine.run_scheduler_process`` (looked up by
-``_launch_subprocesses`` when it runs), wraps ``_launch_subprocesses`` to refuse unsupported server arguments
-before anything is spawned, and patches the TokenizerManager. Idempotent; a later call changes the configuration
-for Engines started after it.
+``install`` validates the configuration, refuses any sglang but the supported versions, and hands over to the
+installed version's adapter: ``v0_5_6_post2.launch`` (our scheduler entry point injected) or ``v0_5_12.launch``
+(sglang's plugin seam: our entry point, switched on by ``TREETUNE_ENTROPY=1`` in the spawned processes).
+Idempotent; a later call changes the configuration for Engines started after it.
 """
 
 from __future__ import annotations
 
-import functools
+import importlib
+from importlib.metadata import PackageNotFoundError, version
+from types import ModuleType
 
 from treetune_verl.sglang.config import EntropyConfig
-from treetune_verl.sglang.patching import SGLANG, Wrap, check_sglang_version
-from treetune_verl.sglang.scheduler_process import custom_run_scheduler_process
-from treetune_verl.sglang.server_args import check_server_args
-from treetune_verl.sglang.tokenizer_patches import apply_tokenizer_patches
+from treetune_verl.sglang.patching import check_sglang_version
 
-_LAUNCH_PARAMS = ("server_args", "port_args")  # sglang 0.5.6.post2 entrypoints/engine.py _launch_subprocesses
+# The adapter of each supported sglang version (a newer one let through by the escape hatch takes the plugin seam).
+_ADAPTERS = {"0.5.6.post2": "treetune_verl.sglang.v0_5_6_post2.launch"}
+_PLUGIN_SEAM_ADAPTER = "treetune_verl.sglang.v0_5_12.launch"
 
 
-def _wrap_launch(original):
-    @functools.wraps(original)
-    def _launch_subprocesses(server_args, port_args=None):
-        check_server_args(server_args)
-        return original(server_args, port_args)
-
-    return _launch_subprocesses
+def adapter() -> ModuleType:
+    """The installed sglang version's ``launch`` module (``install``, ``is_installed``); raises on another version."""
+    return importlib.import_module(_ADAPTERS.get(check_sglang_version(), _PLUGIN_SEAM_ADAPTER))
 
 
 def install(top_k: int | None = 0, mode: str = "raw") -> EntropyConfig:
     """Enable per-token entropy for Engines created afterwards in this process; returns the configuration."""
     config = EntropyConfig(top_k=top_k, mode=mode)  # validates before touching anything
-    check_sglang_version()
-    from sglang.srt.entrypoints import engine as engine_mod
-
-    SGLANG.wrap(Wrap(engine_mod, "_launch_subprocesses", _wrap_launch, _LAUNCH_PARAMS, "engine._launch_subprocesses"))
-    config.export()
-    engine_mod.run_scheduler_process = custom_run_scheduler_process
-    apply_tokenizer_patches()
+    adapter().install(config)
     return config
 
 
 def is_installed() -> bool:
-    from sglang.srt.entrypoints import engine as engine_mod
-
-    return engine_mod.run_scheduler_process is custom_run_scheduler_process
+    return adapter().is_installed()
 
 
-# Arguments under which a real sglang 0.5.6.post2 Engine runs on a CPU-only machine (torch-native attention,
+# Arguments under which a real sglang Engine runs on a CPU-only machine (torch-native attention,
 # pytorch sampling, no CUDA graphs, no grammar backend: xgrammar is not installed by the CPU setup).
 CPU_ENGINE_KWARGS: dict[str, object] = dict(
     device="cpu",
@@ -81,6 +69,20 @@ CPU_ENGINE_KWARGS: dict[str, object] = dict(
 )
 
 
+# Added on the CPU per sglang version: 0.5.12 captures piecewise CUDA graphs by default
+# (model_executor/piecewise_cuda_graph_runner.py: torch.cpu has no graph_pool_handle).
+CPU_ENGINE_KWARGS_BY_VERSION: dict[str, dict[str, object]] = {"0.5.12": {"disable_piecewise_cuda_graph": True}}
+
+
+def cpu_engine_kwargs() -> dict[str, object]:
+    """:data:`CPU_ENGINE_KWARGS` plus the installed sglang version's own (read from its metadata: no import)."""
+    try:
+        installed = version("sglang")
+    except PackageNotFoundError:
+        installed = None
+    return {**CPU_ENGINE_KWARGS, **CPU_ENGINE_KWARGS_BY_VERSION.get(installed, {})}
+
+
 def engine_kwargs(model_path: str, device: str = "auto", **overrides: object) -> dict[str, object]:
     """Engine arguments for ``device`` ("auto": CUDA when available, else the CPU set above)."""
     if device == "auto":
@@ -89,6 +91,6 @@ def engine_kwargs(model_path: str, device: str = "auto", **overrides: object) ->
         device = "cuda" if torch.cuda.is_available() else "cpu"
     kwargs: dict[str, object] = {"model_path": str(model_path)}
     if device == "cpu":
-        kwargs.update(CPU_ENGINE_KWARGS)
+        kwargs.update(cpu_engine_kwargs())
     kwargs.update(overrides)
     return kwargs

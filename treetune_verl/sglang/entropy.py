@@ -68,11 +68,11 @@ def entropy_for_sampling(
 
 # Names that lived here until 0.1.0; importable from their old place for one release.
 _MOVED = {
-    "EntropyStore": "treetune_verl.sglang.store",
+    "EntropyStore": "treetune_verl.sglang.v0_5_6_post2.store",
     "ENV_TOP_K": "treetune_verl.sglang.config",
     "ENV_MODE": "treetune_verl.sglang.config",
     "ENTROPY_MODES": "treetune_verl.sglang.config",
-    "custom_run_scheduler_process": "treetune_verl.sglang.scheduler_process",
+    "custom_run_scheduler_process": "treetune_verl.sglang.v0_5_6_post2.scheduler_process",
 }
 
 

@@ -25,7 +25,7 @@ __all__ = [
     "replace_attr",
 ]
 
-SUPPORTED_SGLANG_VERSIONS: tuple[str, ...] = ("0.5.6.post2",)
+SUPPORTED_SGLANG_VERSIONS: tuple[str, ...] = ("0.5.6.post2", "0.5.12")  # pinned stack, current stack
 # Escape hatch for trying a newer sglang at one's own risk; signature checks still run.
 ENV_ALLOW_UNSUPPORTED = "TREETUNE_ALLOW_UNSUPPORTED_SGLANG"
 

@@ -16,7 +16,7 @@ from treetune_verl.sglang.entropy import entropy_for_sampling
 # Attribute set on sglang's LogitsProcessorOutput: [bs] float32 entropies (nats), on the logits' device.
 LOGITS_OUTPUT_ENTROPY_ATTR = "next_token_entropy"
 
-# sglang 0.5.6.post2 layers/sampler.py Sampler.forward: the signature EntropySampler.forward repeats.
+# sglang 0.5.6.post2 and 0.5.12 layers/sampler.py Sampler.forward: the signature our wrappers repeat.
 SAMPLER_FORWARD_PARAMS = (
     "self",
     "logits_output",

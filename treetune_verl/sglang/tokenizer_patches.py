@@ -1,13 +1,14 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""Patches on sglang 0.5.6.post2's ``TokenizerManager``, in the process that owns the Engine (the parent).
+"""Patches on sglang's ``TokenizerManager`` (0.5.6.post2 and 0.5.12 alike), in the process that owns the Engine.
 
 Last stop of the sglang side: the entropy values that the scheduler sent with each output chunk become
 ``meta_info["output_token_entropy"]`` of the request.
 
 ``convert_logprob_style`` runs for every output chunk of a request with ``return_logprob=True``: the wrapper
 extends a per-request list kept on sglang's own ``ReqState`` (so it is freed with the request) with the chunk's
-``output_token_entropy_val``. ``add_logprob_to_meta_info`` (also called directly for aborts) then copies that list
+``output_token_entropy_val`` (filled by the scheduler's senders on 0.5.6.post2, moved there from sglang's
+``customized_info`` by ``v0_5_12/tokenizer_hooks.py`` on 0.5.12). ``add_logprob_to_meta_info`` (also called directly for aborts) then copies that list
 to ``meta_info["output_token_entropy"]``, one value per entry of ``meta_info["output_token_logprobs"]``.
 """
 
@@ -23,7 +24,7 @@ logger = logging.getLogger(__name__)
 META_INFO_ENTROPY_KEY = "output_token_entropy"  # list[float], nats, aligned with "output_token_logprobs"
 REQ_STATE_ENTROPY_ATTR = "treetune_output_token_entropy"  # list[float] on sglang's ReqState
 
-# Signatures the wrappers repeat: sglang 0.5.6.post2 managers/tokenizer_manager.py TokenizerManager.
+# Signatures the wrappers repeat: sglang 0.5.6.post2 and 0.5.12 managers/tokenizer_manager.py TokenizerManager.
 _CONVERT_PARAMS = (
     "self",
     "meta_info",
@@ -61,7 +62,7 @@ def _wrap_convert(original):
                 _warned_unpatched_scheduler = True
                 logger.error(
                     "treetune entropy: the TokenizerManager is patched but outputs carry no entropy: the scheduler "
-                    "process was started without custom_run_scheduler_process (see treetune_verl.sglang.engine)."
+                    "process runs without our patches (see treetune_verl.sglang.engine.install)."
                 )
         return original(
             self,

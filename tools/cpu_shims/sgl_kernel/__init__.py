@@ -8,12 +8,7 @@ resolves to a placeholder that raises when called. No ``torch.ops.sgl_kernel`` o
 ``cpu_has_amx_support()`` reports False and the CPU paths use torch-native code. Test/CPU setup only.
 """
 
-import importlib.abc
-import importlib.machinery
-import sys
-import types
-
-from cpu_shim_placeholder import placeholder_getattr
+from cpu_shim_placeholder import install_submodule_finder, placeholder_getattr
 
 __version__ = "0.0.0+cpu-shim"
 
@@ -21,23 +16,4 @@ __version__ = "0.0.0+cpu-shim"
 __getattr__ = placeholder_getattr("sgl_kernel")
 
 
-class _SubmoduleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Makes ``import sgl_kernel.<anything>`` produce a module whose every name is a placeholder."""
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname.startswith("sgl_kernel."):
-            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-        return None
-
-    def create_module(self, spec):
-        module = types.ModuleType(spec.name)
-        module.__path__ = []
-        module.__getattr__ = placeholder_getattr(spec.name)
-        return module
-
-    def exec_module(self, module):
-        pass
-
-
-if not any(isinstance(f, _SubmoduleFinder) for f in sys.meta_path):
-    sys.meta_path.append(_SubmoduleFinder())
+install_submodule_finder("sgl_kernel")

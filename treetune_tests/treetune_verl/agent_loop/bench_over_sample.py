@@ -109,10 +109,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from treetune_tests.tiny_model import build_tiny_qwen2
     from treetune_verl.agent_loop import EntropyAgentLoopManager
-    from treetune_verl.model_cache import cache_dir
+    from treetune_verl.model_cache import models_dir
 
     work = Path(tempfile.mkdtemp(prefix="bench_over_sample_"))
-    model = model_with_short_turns(build_tiny_qwen2(cache_dir() / "models" / "tiny-qwen2-seed0", seed=0), work / "m")
+    model = model_with_short_turns(build_tiny_qwen2(models_dir() / "tiny-qwen2-seed0", seed=0), work / "m")
     config = _over_sample_config(model, work / "cfg")
     with open_dict(config):
         config.data.max_response_length = args.response_length  # the rollout's response_length follows it

@@ -56,7 +56,7 @@ from treetune_tests.treetune_verl.agent_loop.standalone import (
     teacher_forced,
 )
 from treetune_verl.agent_loop import HAS_ROLLOUT_ENTROPY_KEY, ROLLOUT_ENTROPY_KEY, EntropyAgentLoopManager
-from treetune_verl.sglang.scheduler_patches import INTERNAL_STATE_KEY
+from treetune_verl.sglang.config import INTERNAL_STATE_KEY
 
 pytest.importorskip("uvicorn", reason="sglang's http_server (imported by verl's server) needs uvicorn")
 pytest.importorskip("multipart", reason="sglang's http_server needs python-multipart")

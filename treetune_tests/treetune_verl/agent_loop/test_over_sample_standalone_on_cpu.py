@@ -50,7 +50,7 @@ from treetune_tests.treetune_verl.agent_loop.standalone import (
 from treetune_verl.agent_loop import ROLLOUT_ENTROPY_KEY, EntropyAgentLoopManager
 from treetune_verl.batch_keys import PENDING_METRICS_KEY, ROLLOUT_ABORTED_KEY
 from treetune_verl.config import AGENT_LOOPS_YAML
-from treetune_verl.sglang.scheduler_patches import INTERNAL_STATE_KEY
+from treetune_verl.sglang.config import INTERNAL_STATE_KEY
 
 pytest.importorskip("uvicorn", reason="sglang's http_server (imported by verl's server) needs uvicorn")
 pytest.importorskip("multipart", reason="sglang's http_server needs python-multipart")

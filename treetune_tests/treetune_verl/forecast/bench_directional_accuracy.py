@@ -50,9 +50,9 @@ def _model(name: str) -> torch.nn.Module:
 
     if name == "tiny":
         from treetune_tests.tiny_model import build_tiny_qwen2
-        from treetune_verl.model_cache import cache_dir
+        from treetune_verl.model_cache import models_dir
 
-        path = build_tiny_qwen2(cache_dir() / "models" / "tiny-qwen2-seed0", seed=0)
+        path = build_tiny_qwen2(models_dir() / "tiny-qwen2-seed0", seed=0)
     else:
         from treetune_verl.model_cache import smollm2_path
 

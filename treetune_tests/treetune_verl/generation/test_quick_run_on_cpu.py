@@ -40,7 +40,10 @@ def test_main_job_writes_table_jsonl_and_html(tiny_model_dir, tmp_path):
         n = len(record["token_ids"])
         assert n == 12 and len(record["entropies"]) == len(record["logprobs"]) == len(record["token_texts"]) == n
         prompt_ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": record["prompt"]}], add_generation_prompt=True, tokenize=True
+            [{"role": "user", "content": record["prompt"]}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
         )
         expected = hf_token_entropy(tiny_model_dir, prompt_ids, record["token_ids"], 20, "tempered", 0.7)
         assert max(abs(a - b) for a, b in zip(record["entropies"], expected, strict=True)) < 1e-4

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from treetune_tests.treetune_verl.agent_loop.fakes import FakeEntropyServer
-
 
 @pytest.fixture(scope="module")
 def smollm2_tokenizer(smollm2_dir):
@@ -19,5 +17,8 @@ def smollm2_tokenizer(smollm2_dir):
 @pytest.fixture
 def fake_server(tiny_model_dir):
     """verl's server manager stand-in (scripted by the first user message, ``"plan: tool text"``; tiny ChatML
-    tokenizer): the real small model cannot be made to emit a tool call on demand."""
+    tokenizer): the real small model cannot be made to emit a tool call on demand. Imported here: it needs verl
+    0.7.1, and the Engine tests of this folder also run on the current stack."""
+    from treetune_tests.treetune_verl.agent_loop.fakes import FakeEntropyServer
+
     return FakeEntropyServer(str(tiny_model_dir), prompt_length=64, response_length=128)

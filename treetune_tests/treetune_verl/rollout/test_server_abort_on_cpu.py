@@ -20,7 +20,7 @@ import pytest
 
 from treetune_tests.treetune_verl.rollout.server_helpers import make_server, server_config, stop_server
 from treetune_verl.rollout.session import new_session_id, turn_request_id
-from treetune_verl.sglang.scheduler_patches import INTERNAL_STATE_KEY
+from treetune_verl.sglang.config import INTERNAL_STATE_KEY
 
 pytest.importorskip("uvicorn", reason="sglang's http_server (imported by verl's server) needs uvicorn")
 pytest.importorskip("multipart", reason="sglang's http_server needs python-multipart")

@@ -51,12 +51,12 @@ def pristine(monkeypatch, server_args) -> None:
     from sglang.srt.managers import scheduler as scheduler_mod
 
     from treetune_tests.treetune_verl.sglang.sglang_objects import ALL_TARGETS, unpatch
-    from treetune_verl.sglang.config import ENV_MODE, ENV_TOP_K
+    from treetune_verl.sglang.config import ENV_ENABLED, ENV_MODE, ENV_TOP_K
     from treetune_verl.sglang.patching import ENV_ALLOW_UNSUPPORTED
 
     unpatch(monkeypatch, ALL_TARGETS)
     monkeypatch.setattr(engine_mod, "run_scheduler_process", scheduler_mod.run_scheduler_process)
-    for var in (ENV_TOP_K, ENV_MODE, ENV_ALLOW_UNSUPPORTED):
+    for var in (ENV_ENABLED, ENV_TOP_K, ENV_MODE, ENV_ALLOW_UNSUPPORTED):
         monkeypatch.setenv(var, "")  # records the prior value (or its absence) for teardown
         monkeypatch.delenv(var)
 
@@ -65,8 +65,8 @@ def pristine(monkeypatch, server_args) -> None:
 def patched(pristine) -> None:
     """Scheduler-process and TokenizerManager patches applied (full vocabulary, raw); undone after the test."""
     from treetune_verl.sglang.config import EntropyConfig
-    from treetune_verl.sglang.scheduler_patches import apply_scheduler_patches
     from treetune_verl.sglang.tokenizer_patches import apply_tokenizer_patches
+    from treetune_verl.sglang.v0_5_6_post2.scheduler_patches import apply_scheduler_patches
 
     apply_scheduler_patches(EntropyConfig())
     apply_tokenizer_patches()

@@ -38,7 +38,7 @@ def entropy_engine(
 
 def entropy_state_in_scheduler(engine: Any) -> int:
     """Requests whose entropy the scheduler process still holds (read through sglang's internal-state RPC)."""
-    from treetune_verl.sglang.scheduler_patches import INTERNAL_STATE_KEY
+    from treetune_verl.sglang.config import INTERNAL_STATE_KEY
 
     states = engine.get_server_info()["internal_states"]
     return sum(int(state[INTERNAL_STATE_KEY]) for state in states)
@@ -49,12 +49,20 @@ def run_async(engine: Any, coro):
     return engine.loop.run_until_complete(coro)
 
 
+def as_received(chunk: dict) -> dict:
+    """A stream chunk as its consumer sees it on arrival: sglang 0.5.12 hands intermediate chunks references to its
+    growing per-request lists (``output_ids``, ``output_token_logprobs``), so a chunk kept for later reads the
+    final lengths; copy the lists now."""
+    meta_info = {k: list(v) if isinstance(v, list) else v for k, v in chunk["meta_info"].items()}
+    return {**chunk, "output_ids": list(chunk.get("output_ids") or []), "meta_info": meta_info}
+
+
 async def collect_stream(engine: Any, rid: str, **request: Any) -> list[dict]:
-    """All chunks of one streaming request, through the real TokenizerManager."""
+    """All chunks of one streaming request, through the real TokenizerManager, each as received."""
     from sglang.srt.managers.io_struct import GenerateReqInput
 
     obj = GenerateReqInput(rid=rid, stream=True, return_logprob=True, **request)
-    return [chunk async for chunk in engine.tokenizer_manager.generate_request(obj, None)]
+    return [as_received(chunk) async for chunk in engine.tokenizer_manager.generate_request(obj, None)]
 
 
 async def gather(*coros):

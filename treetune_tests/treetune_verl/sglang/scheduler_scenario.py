@@ -27,7 +27,7 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 from treetune_tests.treetune_verl.sglang.sglang_objects import EOS, TreeCache, make_req
 from treetune_verl.sglang.sampler import LOGITS_OUTPUT_ENTROPY_ATTR
-from treetune_verl.sglang.scheduler_patches import scheduler_store
+from treetune_verl.sglang.v0_5_6_post2.scheduler_patches import scheduler_store
 
 
 def token_value(req_index: int, position: int) -> float:

@@ -3,14 +3,22 @@
 """``config``: ``EntropyConfig`` validates top-k and mode, and crosses the spawn boundary through the environment.
 
 Plain Python, no sglang. Reference: the documented encoding (``TREETUNE_ENTROPY_TOP_K`` 0 = full vocabulary,
-``TREETUNE_ENTROPY_MODE`` raw | tempered) and the values written by hand below.
+``TREETUNE_ENTROPY_MODE`` raw | tempered, ``TREETUNE_ENTROPY=1`` the switch) and the values written by hand below.
 """
 
 import os
 
 import pytest
 
-from treetune_verl.sglang.config import ENTROPY_MODES, ENV_MODE, ENV_TOP_K, EntropyConfig, validate_top_k
+from treetune_verl.sglang.config import (
+    ENTROPY_MODES,
+    ENV_ENABLED,
+    ENV_MODE,
+    ENV_TOP_K,
+    EntropyConfig,
+    enabled_in_env,
+    validate_top_k,
+)
 
 
 class TestEntropyConfig:
@@ -19,7 +27,7 @@ class TestEntropyConfig:
         monkeypatch.setenv(ENV_MODE, "tempered")
         config = EntropyConfig.from_env()
         assert config == EntropyConfig(top_k=20, mode="tempered")
-        assert config.to_env() == {ENV_TOP_K: "20", ENV_MODE: "tempered"}
+        assert config.to_env() == {ENV_ENABLED: "1", ENV_TOP_K: "20", ENV_MODE: "tempered"}
 
     def test_defaults_are_full_vocab_raw(self, monkeypatch):
         monkeypatch.delenv(ENV_TOP_K, raising=False)
@@ -36,8 +44,11 @@ class TestEntropyConfig:
     def test_export_puts_the_config_where_a_spawned_child_reads_it(self, monkeypatch):
         monkeypatch.delenv(ENV_TOP_K, raising=False)  # restored afterwards, like the two below
         monkeypatch.delenv(ENV_MODE, raising=False)
+        monkeypatch.delenv(ENV_ENABLED, raising=False)
+        assert not enabled_in_env()
         EntropyConfig(top_k=7, mode="tempered").export()
         assert (os.environ[ENV_TOP_K], os.environ[ENV_MODE]) == ("7", "tempered")
+        assert enabled_in_env()  # the switch the sglang >= 0.5.12 plugin reads in the scheduler process
         EntropyConfig().export()
         assert (os.environ[ENV_TOP_K], os.environ[ENV_MODE]) == ("0", "raw")
         assert EntropyConfig.from_env() == EntropyConfig()

@@ -26,7 +26,7 @@ from treetune_tests.treetune_verl.sglang.sglang_objects import ENGINE_TARGETS, T
 from treetune_verl.sglang import engine as tt_engine
 from treetune_verl.sglang.config import ENV_MODE, ENV_TOP_K, EntropyConfig
 from treetune_verl.sglang.patching import UnsupportedSGLangError, is_patched
-from treetune_verl.sglang.scheduler_process import custom_run_scheduler_process
+from treetune_verl.sglang.v0_5_6_post2.scheduler_process import custom_run_scheduler_process
 
 
 def test_install_is_idempotent_and_wires_the_scheduler_entry_point(pristine):

@@ -2,21 +2,25 @@
 # SPDX-License-Identifier: Apache-2.0
 """Real ``sglang.Engine`` on CPU (tiny random Qwen2 and SmolLM2-135M) with entropy extraction installed.
 
-Every finished request must carry one entropy per completion token, equal (within 1e-4 nats) to an independent
+The same file runs on both stacks (sglang 0.5.6.post2 and 0.5.12: whichever the environment has). Every finished
+request must carry one entropy per completion token, equal (within 1e-4 nats) to an independent
 teacher-forced HF recomputation, in raw, top-k and tempered (T=0.7) modes, with overlap scheduling on and off;
 streams, n>1, concurrent requests, stop-token/EOS and length finishes, chunked prefill, and aborts (running and
-waiting) are all exercised; afterwards the scheduler holds no entropy state.
+waiting, and by session prefix as over-sampling sends them), batches mixing requests with and without logprobs and
+incremental streaming (0.5.12) are all exercised; afterwards the scheduler holds no entropy state.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
 from treetune_tests.treetune_verl.sglang.engine_helpers import (
+    as_received,
     assert_entropy_matches_hf,
     collect_stream,
     entropy_engine,
@@ -82,7 +86,9 @@ def _prompts(model_path: Path) -> list[list[int]]:
         "Write one sentence about entropy. " * 12,  # long: crosses the chunked-prefill boundary
     ]
     return [
-        tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
         for q in questions
     ]
 
@@ -146,7 +152,7 @@ def test_streams_with_abort_of_running_and_waiting_requests(running: RunningEngi
 
         obj = GenerateReqInput(rid=rid, stream=True, return_logprob=True, **obj_kwargs)
         async for chunk in engine.tokenizer_manager.generate_request(obj, None):
-            chunks.append(chunk)
+            chunks.append(as_received(chunk))
             if len(chunks) == n_chunks:
                 engine.tokenizer_manager.abort_request(rid=rid)
         return chunks
@@ -199,3 +205,76 @@ def test_no_entropy_without_logprobs_and_no_state_left(running: RunningEngine):
     out = running.engine.generate(input_ids=running.prompts[0], sampling_params={"max_new_tokens": 5})
     assert "output_token_entropy" not in out["meta_info"]
     assert entropy_state_in_scheduler(running.engine) == 0
+
+
+def test_batch_mixing_requests_with_and_without_logprobs(running: RunningEngine):
+    """Rows without logprobs in the same batches as rows with them: only the latter carry entropy, each aligned with
+    its own tokens (sglang 0.5.12 slices its customized_info per output by position: a row without values would
+    shift every later row)."""
+    T = running.case.temperature
+    wants = [False, True, False, True]
+    outs = running.engine.generate(
+        input_ids=running.prompts,
+        sampling_params=[{"max_new_tokens": 10 + 3 * i, "temperature": T} for i in range(4)],
+        return_logprob=wants,
+    )
+    for prompt, want, out in zip(running.prompts, wants, outs, strict=True):
+        if want:
+            running.check(prompt, out["meta_info"])
+        else:
+            assert "output_token_entropy" not in out["meta_info"]
+
+
+def test_abort_by_session_prefix(running: RunningEngine):
+    """The scoped abort over-sampling sends (one ``AbortReq`` whose rid is a session prefix, matched by prefix in the
+    scheduler): every request of that session ends as an abort with its partial tokens' entropy aligned; the other
+    session's requests finish and match HF; no state is left."""
+    from sglang.srt.managers.io_struct import AbortReq
+
+    engine, T = running.engine, running.case.temperature
+
+    async def stream_until_aborted(rid: str, prompt: list[int], max_new_tokens: int) -> list[dict]:
+        params = {"max_new_tokens": max_new_tokens, "temperature": T, "ignore_eos": max_new_tokens > 100}
+        return await collect_stream(engine, rid, input_ids=prompt, sampling_params=params)
+
+    async def abort_session_after_tokens(session: str):
+        await asyncio.sleep(0.5)
+        engine.tokenizer_manager.send_to_scheduler.send_pyobj(AbortReq(rid=session))
+
+    async def main():
+        aborted = [stream_until_aborted(f"sessA_{i}_turn0", running.prompts[i], 400) for i in range(2)]
+        kept = [stream_until_aborted(f"sessB_{i}_turn0", running.prompts[i], 8) for i in range(2)]
+        return await asyncio.gather(*aborted, *kept, abort_session_after_tokens("sessA_"))
+
+    results = run_async(engine, main())
+    for i, chunks in enumerate(results[:2]):
+        final = chunks[-1]["meta_info"]
+        assert final["finish_reason"]["type"] == "abort", final["finish_reason"]
+        assert len(final["output_token_entropy"]) < 400
+        running.check(running.prompts[i], final)
+    for i, chunks in enumerate(results[2:4]):
+        final = chunks[-1]["meta_info"]
+        assert final["finish_reason"]["type"] in ("length", "stop")
+        running.check(running.prompts[i], final)
+    assert entropy_state_in_scheduler(engine) == 0
+
+
+@pytest.mark.skipif(version("sglang") == "0.5.6.post2", reason="incremental_streaming_output is new in sglang 0.5.12")
+def test_incremental_streaming(tiny_model_dir):
+    """``incremental_streaming_output``: each chunk carries only its new tokens; its entropy is sliced with its
+    logprobs, and the chunks put together equal the HF recomputation."""
+    prompt = _prompts(tiny_model_dir)[0]
+    with entropy_engine(tiny_model_dir, incremental_streaming_output=True) as engine:
+        chunks = run_async(
+            engine, collect_stream(engine, "inc", input_ids=prompt, sampling_params={"max_new_tokens": 12})
+        )
+        assert entropy_state_in_scheduler(engine) == 0
+    entropy, logprobs = [], []
+    for chunk in chunks:
+        meta = chunk["meta_info"]
+        assert len(meta["output_token_entropy"]) == len(meta["output_token_logprobs"]) == len(chunk["output_ids"])
+        entropy += meta["output_token_entropy"]
+        logprobs += meta["output_token_logprobs"]
+    assert len(chunks) > 1 and len(entropy) == 12
+    joined = {"output_token_entropy": entropy, "output_token_logprobs": logprobs, "completion_tokens": len(entropy)}
+    assert_entropy_matches_hf(tiny_model_dir, prompt, joined)

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from treetune_verl.sglang import config as config_mod
-from treetune_verl.sglang import scheduler_process, store
 from treetune_verl.sglang.config import EntropyConfig
 from treetune_verl.sglang.entropy import compute_entropy, entropy_for_sampling
+from treetune_verl.sglang.v0_5_6_post2 import scheduler_process, store
 
 
 def reference_entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -176,7 +176,7 @@ class TestDeprecatedImportPaths:
         assert value is getattr(module, name)
 
     def test_from_import_warns(self):
-        with pytest.warns(DeprecationWarning, match="EntropyStore moved to treetune_verl.sglang.store"):
+        with pytest.warns(DeprecationWarning, match="EntropyStore moved to treetune_verl.sglang.v0_5_6_post2.store"):
             from treetune_verl.sglang.entropy import EntropyStore
         assert EntropyStore is store.EntropyStore
 

@@ -32,7 +32,10 @@ def test_entropy_on_gpu_engine(top_k):
 
     tokenizer = AutoTokenizer.from_pretrained(MODEL)
     prompt = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Explain entropy in one sentence."}], add_generation_prompt=True, tokenize=True
+        [{"role": "user", "content": "Explain entropy in one sentence."}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
     )
     with entropy_engine(MODEL, top_k=top_k, device="cuda", mem_fraction_static=0.3) as engine:
         out = engine.generate(input_ids=prompt, sampling_params={"max_new_tokens": 16}, return_logprob=True)

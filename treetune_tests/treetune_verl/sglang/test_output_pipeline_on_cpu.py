@@ -30,8 +30,8 @@ from treetune_tests.treetune_verl.sglang.scheduler_scenario import (
 )
 from treetune_tests.treetune_verl.sglang.sglang_objects import make_state
 from treetune_verl.sglang.config import EntropyConfig
-from treetune_verl.sglang.scheduler_patches import apply_scheduler_patches, scheduler_store
 from treetune_verl.sglang.tokenizer_patches import META_INFO_ENTROPY_KEY, apply_tokenizer_patches
+from treetune_verl.sglang.v0_5_6_post2.scheduler_patches import apply_scheduler_patches, scheduler_store
 
 KEY = META_INFO_ENTROPY_KEY
 

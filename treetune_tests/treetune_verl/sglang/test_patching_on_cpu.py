@@ -35,8 +35,8 @@ from treetune_verl.sglang.patching import (
     original_of,
     replace_attr,
 )
-from treetune_verl.sglang.scheduler_patches import apply_scheduler_patches
 from treetune_verl.sglang.tokenizer_patches import apply_tokenizer_patches
+from treetune_verl.sglang.v0_5_6_post2.scheduler_patches import apply_scheduler_patches
 
 SUPPORTED = "0.5.6.post2"
 

@@ -28,7 +28,7 @@ from treetune_verl.sglang import sampler as sampler_patch
 from treetune_verl.sglang.config import EntropyConfig
 from treetune_verl.sglang.patching import original_of
 from treetune_verl.sglang.sampler import LOGITS_OUTPUT_ENTROPY_ATTR
-from treetune_verl.sglang.scheduler_patches import apply_scheduler_patches
+from treetune_verl.sglang.v0_5_6_post2.scheduler_patches import apply_scheduler_patches
 
 CONFIGS = {
     "raw": EntropyConfig(),

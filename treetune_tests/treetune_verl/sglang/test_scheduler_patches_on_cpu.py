@@ -35,8 +35,8 @@ from treetune_tests.treetune_verl.sglang.scheduler_scenario import (
 )
 from treetune_tests.treetune_verl.sglang.sglang_objects import make_req
 from treetune_verl.sglang.patching import is_patched
-from treetune_verl.sglang.scheduler_patches import INTERNAL_STATE_KEY, STORE_ATTR, scheduler_store
-from treetune_verl.sglang.store import EntropyStore
+from treetune_verl.sglang.v0_5_6_post2.scheduler_patches import INTERNAL_STATE_KEY, STORE_ATTR, scheduler_store
+from treetune_verl.sglang.v0_5_6_post2.store import EntropyStore
 
 
 def test_real_scheduler_is_built_with_wrapped_senders_and_the_entropy_sampler(patched, real_scheduler):

@@ -20,7 +20,7 @@ from sglang.srt.managers.scheduler import Scheduler
 from treetune_tests.treetune_verl.sglang.sglang_objects import SCHEDULER_TARGETS, current
 from treetune_verl.sglang.config import ENV_MODE, ENV_TOP_K, EntropyConfig
 from treetune_verl.sglang.patching import UnsupportedSGLangError, is_patched
-from treetune_verl.sglang.scheduler_process import custom_run_scheduler_process
+from treetune_verl.sglang.v0_5_6_post2.scheduler_process import custom_run_scheduler_process
 
 
 @pytest.fixture

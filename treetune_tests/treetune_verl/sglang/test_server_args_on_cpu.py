@@ -17,8 +17,8 @@ import pytest
 from treetune_tests.treetune_verl.sglang.sglang_objects import SCHEDULER_TARGETS, current
 from treetune_verl.sglang.config import EntropyConfig
 from treetune_verl.sglang.patching import UnsupportedSGLangError
-from treetune_verl.sglang.scheduler_patches import apply_scheduler_patches
 from treetune_verl.sglang.server_args import check_server_args
+from treetune_verl.sglang.v0_5_6_post2.scheduler_patches import apply_scheduler_patches
 
 REFUSED = [
     ("dp_size", 2, "dp_size > 1"),

@@ -6,7 +6,7 @@ Plain Python, no sglang. Reference: the values appended by hand (offsets mirror 
 ``send_output_token_logprobs_offset``).
 """
 
-from treetune_verl.sglang.store import EntropyStore
+from treetune_verl.sglang.v0_5_6_post2.store import EntropyStore
 
 
 class TestEntropyStore:

@@ -18,11 +18,11 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from treetune_verl.sglang.config import EntropyConfig
+from treetune_verl.sglang.config import INTERNAL_STATE_KEY, EntropyConfig
 from treetune_verl.sglang.patching import SGLANG, Wrap, check_sglang_version, is_patched, replace_attr
 from treetune_verl.sglang.sampler import LOGITS_OUTPUT_ENTROPY_ATTR, SAMPLER_FORWARD_PARAMS, make_entropy_sampler
 from treetune_verl.sglang.server_args import check_server_args
-from treetune_verl.sglang.store import EntropyStore
+from treetune_verl.sglang.v0_5_6_post2.store import EntropyStore
 
 STORE_ATTR = "treetune_entropy_store"  # EntropyStore on each Scheduler instance
 
@@ -33,9 +33,6 @@ _RESULT_HANDLER_PARAMS = ("self", "batch", "result")
 _INIT_SOCKETS_PARAMS = ("self", "server_args", "port_args")
 _SEND_OUTPUT_PARAMS = ("self", "output", "recv_obj")
 _INTERNAL_STATE_PARAMS = ("self", "recv_req")
-# Key added to the scheduler's internal state (Engine.get_server_info()["internal_states"][i]): the number of
-# requests whose entropy the scheduler still holds. 0 once every request has finished or been aborted.
-INTERNAL_STATE_KEY = "treetune_entropy_requests"
 
 
 def scheduler_store(scheduler: Any) -> EntropyStore:

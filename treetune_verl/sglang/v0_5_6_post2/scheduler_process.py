@@ -27,7 +27,7 @@ def custom_run_scheduler_process(
     Same signature as ``sglang.srt.managers.scheduler.run_scheduler_process`` (0.5.6.post2). Must stay a top-level
     function of an importable module so that ``spawn`` can pickle it.
     """
-    from treetune_verl.sglang.scheduler_patches import apply_scheduler_patches
+    from treetune_verl.sglang.v0_5_6_post2.scheduler_patches import apply_scheduler_patches
 
     apply_scheduler_patches(EntropyConfig.from_env(), server_args)
     from sglang.srt.managers import scheduler
