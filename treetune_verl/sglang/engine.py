@@ -19,11 +19,10 @@ Idempotent; a later call changes the configuration for Engines started after it.
 from __future__ import annotations
 
 import importlib
-from importlib.metadata import PackageNotFoundError, version
 from types import ModuleType
 
 from treetune_verl.sglang.config import EntropyConfig
-from treetune_verl.sglang.patching import check_sglang_version
+from treetune_verl.sglang.patching import check_sglang_version, installed_sglang_version
 
 # The adapter of each supported sglang version (a newer one let through by the escape hatch takes the plugin seam).
 _ADAPTERS = {"0.5.6.post2": "treetune_verl.sglang.v0_5_6_post2.launch"}
@@ -76,11 +75,7 @@ CPU_ENGINE_KWARGS_BY_VERSION: dict[str, dict[str, object]] = {"0.5.12": {"disabl
 
 def cpu_engine_kwargs() -> dict[str, object]:
     """:data:`CPU_ENGINE_KWARGS` plus the installed sglang version's own (read from its metadata: no import)."""
-    try:
-        installed = version("sglang")
-    except PackageNotFoundError:
-        installed = None
-    return {**CPU_ENGINE_KWARGS, **CPU_ENGINE_KWARGS_BY_VERSION.get(installed, {})}
+    return {**CPU_ENGINE_KWARGS, **CPU_ENGINE_KWARGS_BY_VERSION.get(installed_sglang_version(), {})}
 
 
 def engine_kwargs(model_path: str, device: str = "auto", **overrides: object) -> dict[str, object]:

@@ -9,6 +9,8 @@ mechanics are the package's one mechanism (``treetune_verl/patching.py``).
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
+
 from treetune_verl.patching import ORIGINAL_ATTR, Upstream, Wrap, is_patched, original_of, replace_attr
 
 __all__ = [
@@ -20,6 +22,7 @@ __all__ = [
     "Wrap",
     "check_sglang_version",
     "check_signature",
+    "installed_sglang_version",
     "is_patched",
     "original_of",
     "replace_attr",
@@ -36,6 +39,14 @@ class UnsupportedSGLangError(RuntimeError):
 
 SGLANG = Upstream("sglang", SUPPORTED_SGLANG_VERSIONS, UnsupportedSGLangError, allow_env=ENV_ALLOW_UNSUPPORTED)
 check_signature = SGLANG.check_signature
+
+
+def installed_sglang_version() -> str | None:
+    """The installed sglang's version from its package metadata (no import of sglang); ``None`` if absent."""
+    try:
+        return version("sglang")
+    except PackageNotFoundError:
+        return None
 
 
 def check_sglang_version() -> str:

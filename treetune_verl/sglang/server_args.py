@@ -9,10 +9,9 @@ arguments verl is about to build (``treetune_verl.rollout.rollout_config``). Imp
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from treetune_verl.sglang.patching import UnsupportedSGLangError
+from treetune_verl.sglang.patching import UnsupportedSGLangError, installed_sglang_version
 
 _DP_REASON = {
     "0.5.6.post2": "the data-parallel controller starts schedulers with sglang's own run_scheduler_process, "
@@ -21,13 +20,6 @@ _DP_REASON = {
     # routes outputs of several schedulers through one TokenizerManager: not tested with entropy yet.
     "0.5.12": "data-parallel schedulers are not tested with the entropy plugin",
 }
-
-
-def _installed_sglang() -> str | None:
-    try:
-        return version("sglang")
-    except PackageNotFoundError:
-        return None
 
 
 def check_server_args(server_args: Any) -> None:
@@ -40,7 +32,9 @@ def check_server_args(server_args: Any) -> None:
         UnsupportedSGLangError: naming every refused setting.
     """
     refusals = {
-        f"dp_size > 1 ({_DP_REASON.get(_installed_sglang(), _DP_REASON['0.5.12'])})": getattr(server_args, "dp_size", 1)
+        f"dp_size > 1 ({_DP_REASON.get(installed_sglang_version(), _DP_REASON['0.5.12'])})": getattr(
+            server_args, "dp_size", 1
+        )
         > 1,
         "speculative decoding (several tokens per step, sampled outside the patched Sampler)": getattr(
             server_args, "speculative_algorithm", None

@@ -49,8 +49,8 @@ def apply_in_process(config: EntropyConfig) -> None:
 
 def install(config: EntropyConfig) -> None:
     check_plugin_reaches_scheduler()
-    config.export()
     apply_in_process(config)
+    config.export()  # last: the scheduler processes are switched on only once everything here is in place
 
 
 def is_installed() -> bool:
