@@ -22,14 +22,25 @@ ARGS    ?=
 PYTEST_ARGS ?=
 
 # The current stack's suite: the real-Engine tests (one file, both stacks), the sglang side's version-independent
-# tests and the 0.5.12 adapter's, the generation job and make run's CLI.
+# tests and the 0.5.12 adapter's, the generation job and make run's CLI, managed sessions on the real Engine
+# (EngineBackend), our server on verl 0.9.1's (scoped abort), verl's CPU runtime patches and stock verl 0.9.1 GRPO
+# on CPU.
 CURRENT_TESTS := \
 	treetune_tests/treetune_verl/sglang/test_entropy_engine_on_cpu.py \
 	treetune_tests/treetune_verl/sglang/test_current_stack_on_cpu.py \
 	treetune_tests/treetune_verl/sglang/test_entropy_on_cpu.py \
 	treetune_tests/treetune_verl/sglang/test_config_on_cpu.py \
 	treetune_tests/treetune_verl/generation/test_generation_job_on_cpu.py \
-	treetune_tests/treetune_verl/generation/test_quick_run_on_cpu.py
+	treetune_tests/treetune_verl/generation/test_quick_run_on_cpu.py \
+	treetune_tests/treetune_verl/managed/test_managed_engine_on_cpu.py \
+	treetune_tests/treetune_verl/managed/test_boundaries_on_cpu.py \
+	treetune_tests/treetune_verl/managed/test_node_on_cpu.py \
+	treetune_tests/treetune_verl/managed/test_import_on_cpu.py \
+	treetune_tests/treetune_verl/rollout/test_server_abort_on_cpu.py \
+	treetune_tests/treetune_verl/rollout/test_session_on_cpu.py \
+	treetune_tests/treetune_verl/rollout/test_rollout_config_on_cpu.py \
+	treetune_tests/e2e/test_verl_cpu_patches_on_cpu.py \
+	treetune_tests/e2e/test_e2e_current_stack_on_cpu.py
 
 # Every cache stays inside the repo; no model hub is reachable.
 export TREETUNE_CACHE_DIR ?= $(CURDIR)/.cache

@@ -48,14 +48,13 @@ echo "[setup] treetune-verl (editable)"
 
 site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 echo "$ROOT/tools/cpu_shims" > "$site/treetune_cpu_shims.pth"
-if [ "$STACK" = pinned ]; then
-    # CPU runtime patches for verl's own trainer (tools/cpu_shims/verl_cpu): the import line installs an import hook only
-    # when TREETUNE_VERL_CPU_PATCHES=1 (set by treetune_tests/e2e/test_entropy_e2e.sh without CUDA); otherwise it costs
-    # one environment lookup per interpreter start. The path line makes it independent of the .pth files' order.
-    printf '%s\n%s\n' "$ROOT/tools/cpu_shims" \
-        'import os; os.environ.get("TREETUNE_VERL_CPU_PATCHES") == "1" and __import__("verl_cpu.hook").hook.install()' \
-        > "$site/treetune_verl_cpu.pth"
-fi
+# CPU runtime patches for verl's own trainer (tools/cpu_shims/verl_cpu, the table per verl version in its hook.py): the
+# import line installs an import hook only when TREETUNE_VERL_CPU_PATCHES=1 (set by treetune_tests/e2e/test_entropy_e2e.sh
+# without CUDA); otherwise it costs one environment lookup per interpreter start. The path line makes it independent
+# of the .pth files' order.
+printf '%s\n%s\n' "$ROOT/tools/cpu_shims" \
+    'import os; os.environ.get("TREETUNE_VERL_CPU_PATCHES") == "1" and __import__("verl_cpu.hook").hook.install()' \
+    > "$site/treetune_verl_cpu.pth"
 
 # Headless Chromium for the analysis report's browser test (treetune_tests/treetune_verl/analysis; it skips without
 # one). Debian's package, ~20 s; only as root on a machine with apt-get and none installed; never fatal.

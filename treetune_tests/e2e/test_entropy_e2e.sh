@@ -106,6 +106,20 @@ if [[ "$DEVICE" == auto ]]; then
     DEVICE=$("$PYTHON" -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")')
 fi
 
+# The stack is the installed verl's: 0.7.1 (pinned, with sglang 0.5.6.post2) or 0.9.1 (current, with sglang 0.5.12;
+# `make e2e STACK=current`). On the current stack the override block does not run yet (issue 25): only E2E_BLOCK=0.
+VERL_VERSION=$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("verl"))')
+case "$VERL_VERSION" in
+    0.7.1) STACK=pinned ;;
+    0.9.1) STACK=current ;;
+    *) echo "FAIL: verl $VERL_VERSION is installed; this script runs verl 0.7.1 (pinned) or 0.9.1 (current)" >&2; exit 2 ;;
+esac
+if [[ "$STACK" == current && "$BLOCK" == 1 ]]; then
+    echo "FAIL: the override block does not run on verl 0.9.1 yet (treetune_specs: current-stack trainer side);" \
+        "run the stock arm: E2E_BLOCK=0 make e2e STACK=current" >&2
+    exit 2
+fi
+
 case "${E2E_MODEL:-smollm2}" in
     smollm2) DEFAULT_MODEL='from treetune_verl.model_cache import smollm2_path; print(smollm2_path())' ;;
     tiny) DEFAULT_MODEL='from treetune_tests.tiny_model import build_tiny_qwen2 as b; from treetune_verl.model_cache import models_dir as m; print(b(m() / "tiny-qwen2-seed0", seed=0))' ;;
@@ -191,7 +205,6 @@ if [[ "$DEVICE" == cpu ]]; then
         trainer.device=cpu
         ray_kwargs.ray_init.num_cpus=$((8 * NPROC))
         +ray_kwargs.ray_init.num_gpus=$NPROC
-        "+ray_kwargs.ray_init.resources={cpu:$((4 * NPROC))}"
         actor_rollout_ref.actor.strategy=fsdp2
         actor_rollout_ref.actor.fsdp_config.dtype=float32
         actor_rollout_ref.ref.fsdp_config.dtype=float32
@@ -211,6 +224,20 @@ if [[ "$DEVICE" == cpu ]]; then
         +actor_rollout_ref.rollout.engine_kwargs.sglang.sleep_on_idle=True
         +actor_rollout_ref.rollout.engine_kwargs.sglang.enable_memory_saver=False
     )
+    if [[ "$STACK" == pinned ]]; then
+        ARGS+=("+ray_kwargs.ray_init.resources={cpu:$((4 * NPROC))}")
+    else
+        # verl 0.9.1 (treetune_specs/2026-11-24-current-stack-trainer.md): the `cpu` platform of
+        # tools/cpu_shims/verl_cpu/cpu_platform.py makes the bundles {"CPU": 1}, so no custom resource; 8 CPUs per
+        # process leave room for TransferQueue's storage units (num_cpus=1 each, 8 by default: one is enough here);
+        # FSDP's mixed precision is bf16 unless given (transformer_impl.py), whatever fsdp_config.dtype says; sglang
+        # 0.5.12's piecewise CUDA graph runner needs torch.cuda (treetune_verl/sglang/engine.py:cpu_engine_kwargs).
+        ARGS+=(
+            transfer_queue.backend.SimpleStorage.num_data_storage_units=1
+            '++actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}'
+            +actor_rollout_ref.rollout.engine_kwargs.sglang.disable_piecewise_cuda_graph=True
+        )
+    fi
 else
     ARGS+=(actor_rollout_ref.rollout.gpu_memory_utilization=0.4)
 fi
@@ -258,6 +285,11 @@ fi
 
 if [[ "$DEVICE" == cpu ]]; then
     export TREETUNE_VERL_CPU_PATCHES=1
+    if [[ "$STACK" == current ]]; then
+        # verl 0.9.1: the `cpu` platform the patches register (verl/plugin/platform), and its FSDP engine, which verl
+        # registers for cuda/npu only (verl/workers/engine/base.py:get_engine_cls reads this override).
+        export VERL_PLATFORM=cpu VERL_ENGINE_DEVICE=cuda
+    fi
     # async_sglang_server.py reads it (KeyError when unset) and Ray accepts the declared GPU with it; torch still sees
     # no CUDA on this machine.
     # One id per declared GPU (Ray refuses fewer visible ids than num_gpus).

@@ -10,6 +10,7 @@ fail before anything is changed.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -26,13 +27,22 @@ from verl_cpu import ENV_SWITCH, hook  # noqa: E402
 from verl_cpu._guard import MARK, PatchError  # noqa: E402
 
 PATCH_MODULES = sorted({name for names in hook.PATCHES.values() for name in names})
+VERL = importlib.metadata.version("verl")
+pinned_only = pytest.mark.skipif(VERL != "0.7.1", reason="verl 0.7.1's fsdp_workers (the pinned stack)")
+current_only = pytest.mark.skipif(VERL != "0.9.1", reason="verl 0.9.1's platform registry (the current stack)")
 
 
-def _run(code: str, *, switch: bool, timeout: int = 300) -> dict:
+def target_of(patch: str) -> str:
+    """The module a patch is applied to on the installed verl (``hook.PATCHES``)."""
+    return next(t for t, names in hook.PATCHES.items() if f"verl_cpu.{patch}" in names or patch in names)
+
+
+def _run(code: str, *, switch: bool, timeout: int = 300, **extra_env: str) -> dict:
     """Run ``code`` in a fresh interpreter of this venv; it prints one JSON object as its last line."""
-    env = {k: v for k, v in os.environ.items() if k != ENV_SWITCH}
+    env = {k: v for k, v in os.environ.items() if k not in (ENV_SWITCH, "VERL_PLATFORM")}
     if switch:
         env[ENV_SWITCH] = "1"
+    env.update(extra_env)
     result = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=timeout
     )
@@ -54,6 +64,7 @@ def test_switch_off_installs_nothing():
     assert out == {"hook": False, "loaded": False, "memory": False}
 
 
+@pinned_only
 def test_hook_applies_every_patch_in_a_fresh_process():
     """With the switch on, the .pth hook patches each target right after its import, and each patch works."""
     out = _run(
@@ -118,6 +129,91 @@ def test_hook_applies_every_patch_in_a_fresh_process():
     assert out["reduce"] == "sglang_reduce"
 
 
+@current_only
+def test_hook_registers_the_cpu_platform_and_applies_every_patch_on_verl_0_9_1():
+    """verl 0.9.1 with the switch on and ``VERL_PLATFORM=cpu``: every device question verl asks is answered for CPU,
+    verl's own process-group helper gives a working gloo group, and the sglang patches are in place."""
+    out = _run(
+        """
+        import json, os, socket, sys
+        import torch, torch.distributed as dist
+        import sglang.srt.server_args as server_args  # -> sglang_device
+        import sglang.srt.utils.common as common  # -> sharing_strategy
+        import sglang.srt.utils.patch_torch as patch_torch  # -> sglang_reduce
+        from verl.plugin.platform import get_platform
+        from verl.utils import device
+        from verl.utils.distributed import initialize_global_process_group_ray  # -> dist_backend
+        from verl.utils.memory_utils import aggressive_empty_cache
+
+        MARK = "__treetune_verl_cpu_patch__"
+        out = {"platform": [type(get_platform()).__name__, getattr(type(get_platform()), MARK, None)]}
+        out["device"] = [device.get_device_name(), device.get_nccl_backend(), device.get_device_id(),
+                         device.get_torch_device() is torch.cpu, device.get_resource_name(),
+                         get_platform().ray_resource_options(1)]
+        aggressive_empty_cache(force_sync=True)
+        out["memory"] = [torch.cpu.memory_allocated(), torch.cpu.max_memory_reserved()]
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+        os.environ.update(RANK="0", WORLD_SIZE="1", DIST_INIT_METHOD=f"tcp://127.0.0.1:{port}")
+        initialize_global_process_group_ray(timeout_second=60)  # verl's string: cpu:gloo,cpu:gloo
+        t = torch.ones(2); dist.all_reduce(t)
+        out["dist"] = [dist.get_backend(), t.tolist(), getattr(dist.init_process_group, MARK, None)]
+        dist.destroy_process_group()
+        patch_torch.monkey_patch_torch_reductions()
+        out["sglang"] = [server_args.get_device(), torch.multiprocessing.get_sharing_strategy(),
+                         getattr(patch_torch._reduce_tensor_modified, MARK, None)]
+        before = [dist.init_process_group, server_args.get_device, patch_torch._reduce_tensor_modified,
+                  type(get_platform())]
+        import verl_cpu.hook
+        verl_cpu.hook.install(); verl_cpu.hook.install()
+        from verl.plugin.platform.platform_manager import PlatformRegistry
+        after = [dist.init_process_group, server_args.get_device, patch_torch._reduce_tensor_modified,
+                 PlatformRegistry.get("cpu")]
+        out["idempotent"] = all(a is b for a, b in zip(before, after))
+        out["finders"] = sum(type(f).__name__ == "PatchFinder" for f in sys.meta_path)
+        print(json.dumps(out))
+        """,
+        switch=True,
+        VERL_PLATFORM="cpu",
+    )
+    assert out == {
+        "platform": ["PlatformCPU", "cpu_platform"],
+        "device": ["cpu", "gloo", "cpu", True, "CPU", {}],
+        "memory": [0, 0],
+        "dist": ["gloo", [1.0, 1.0], "dist_backend"],
+        "sglang": ["cpu", "file_system", "sglang_reduce"],
+        "idempotent": True,
+        "finders": 1,
+    }
+
+
+@current_only
+def test_the_cpu_platform_is_never_auto_detected():
+    """Registered by the patch but chosen only by ``VERL_PLATFORM=cpu``: without it verl keeps its own fallback."""
+    out = _run(
+        """
+        import json
+        from verl.plugin.platform.platform_manager import PlatformRegistry, _detect_platform_name
+        print(json.dumps([PlatformRegistry.get("cpu").__name__, _detect_platform_name()]))
+        """,
+        switch=True,
+    )
+    assert out == ["PlatformCPU", "nvidia"]
+
+
+@current_only
+def test_cpu_platform_refuses_a_cpu_platform_it_did_not_register(monkeypatch):
+    from verl.plugin.platform import platform_manager
+    from verl_cpu import cpu_platform
+
+    class Other(platform_manager.PlatformBase):
+        pass
+
+    monkeypatch.setitem(platform_manager.PlatformRegistry._platforms, "cpu", Other)
+    with pytest.raises(PatchError, match="already has a 'cpu' platform"):
+        cpu_platform.apply(platform_manager)
+
+
 def test_cpu_tensor_round_trips_through_sglang_serializer_between_unrelated_processes():
     """The weight-sync path: ``MultiprocessingSerializer`` with sglang's reduction hook, a CPU tensor, a receiver that
     is not the sender's child (as the scheduler is not the FSDP worker's). Unpatched: IndexError; patched: equal."""
@@ -162,16 +258,16 @@ def test_cpu_tensor_round_trips_through_sglang_serializer_between_unrelated_proc
 
 
 @pytest.mark.parametrize(
-    "patch, target, attribute, stand_in",
+    "patch, attribute, stand_in",
     [
-        ("dist_backend", "verl.workers.fsdp_workers", None, None),
-        ("sglang_device", "sglang.srt.server_args", "get_device", lambda device_id, extra=None: "cpu"),
-        ("sglang_reduce", "sglang.srt.utils.patch_torch", "_reduce_tensor_modified", lambda tensor: None),
-        ("torch_cpu_memory", "verl.utils.device", "get_torch_device", lambda name: None),
+        ("dist_backend", None, None),
+        ("sglang_device", "get_device", lambda device_id, extra=None: "cpu"),
+        ("sglang_reduce", "_reduce_tensor_modified", lambda tensor: None),
+        ("torch_cpu_memory", "get_torch_device", lambda name: None),
     ],
 )
-def test_guard_refuses_a_changed_signature(monkeypatch, patch, target, attribute, stand_in):
-    module = importlib.import_module(target)
+def test_guard_refuses_a_changed_signature(monkeypatch, patch, attribute, stand_in):
+    module = importlib.import_module(target_of(patch))
     if patch == "dist_backend":  # the replaced function lives in torch.distributed
         import torch.distributed
 
@@ -205,9 +301,8 @@ def test_guard_refuses_another_version(monkeypatch, patch):
 
     module = importlib.import_module(patch)
     monkeypatch.setattr(_guard.importlib.metadata, "version", lambda name: "0.0.1")
-    target = next(t for t, names in hook.PATCHES.items() if patch in names)
     with pytest.raises(PatchError, match="written for .* but .* 0.0.1 is installed"):
-        module.apply(importlib.import_module(target))
+        module.apply(importlib.import_module(target_of(patch)))
 
 
 def test_each_patch_module_names_its_upstream_and_versions():
@@ -222,6 +317,7 @@ def test_dist_backend_rewrites_only_verls_cpu_string():
 
     assert cpu_backend("cpu:gloo,cpu:nccl") == "gloo"
     assert cpu_backend("cpu:gloo,cpu:hccl") == "gloo"
+    assert cpu_backend("cpu:gloo,cpu:gloo") == "gloo"  # verl 0.9.1 on the cpu platform
     for unchanged in ("cpu:gloo,cuda:nccl", "gloo", "nccl", None, "cpu:gloo"):
         assert cpu_backend(unchanged) == unchanged
 
@@ -232,6 +328,7 @@ def test_marks_are_set_on_stand_ins():
     assert all(getattr(f, MARK) == "torch_cpu_memory" for f in torch_cpu_memory.STAND_INS)
 
 
+@pinned_only
 def test_offload_pin_memory_lets_verl_build_an_offloaded_fsdp2_model_on_cpu():
     """The reference model's path: verl's ``fsdp2_load_full_state_dict`` on an FSDP2 module with the offload policy
     ``fsdp_workers`` builds it with. torch's ``CPUOffloadPolicy(pin_memory=True)`` fails on CPU; the patched name
@@ -295,6 +392,7 @@ def test_offload_pin_memory_lets_verl_build_an_offloaded_fsdp2_model_on_cpu():
     }
 
 
+@pinned_only
 def test_offload_pin_memory_guards(monkeypatch):
     import verl.workers.fsdp_workers as fsdp_workers
     from torch.distributed.fsdp import CPUOffloadPolicy

@@ -128,14 +128,12 @@ class EntropySGLangHttpServer(SGLangHttpServer):
         await super().launch_server(master_address=master_address, master_port=master_port)
 
     async def generate(
-        self,
-        prompt_ids: Any,
-        sampling_params: dict[str, Any],
-        request_id: str,
-        image_data: list[Any] | None = None,
-        video_data: list[Any] | None = None,
+        self, prompt_ids: Any, sampling_params: dict[str, Any], request_id: str, **kwargs: Any
     ) -> EntropyTokenOutput:
         """The parent's ``generate``, plus ``entropy``: one value per returned token when logprobs were requested.
+
+        ``kwargs``: the parent's other parameters, passed on as given (verl 0.7.1: ``image_data``, ``video_data``;
+        verl 0.9.1 adds ``bootstrap_host`` / ``_port`` / ``_room`` of PD disaggregation, which entropy refuses).
 
         Raises:
             RuntimeError: logprobs were requested but sglang returned no (or misaligned) entropy, i.e. the
@@ -149,9 +147,7 @@ class EntropySGLangHttpServer(SGLangHttpServer):
             tap = self.tokenizer_manager = _MetaInfoTap(self.tokenizer_manager)
         tap.expect(request_id)
         try:
-            output = await super().generate(
-                prompt_ids, sampling_params, request_id, image_data=image_data, video_data=video_data
-            )
+            output = await super().generate(prompt_ids, sampling_params, request_id, **kwargs)
         except _NoOutputTokens as empty:
             return self._no_token_output(return_logprob, (empty.meta_info["finish_reason"] or {}).get("type"))
         finally:

@@ -1,25 +1,32 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""CPU-only runtime patches that let verl 0.7.1's own trainer run on a machine without an accelerator.
+"""CPU-only runtime patches that let verl's own trainer run on a machine without an accelerator, on both stacks.
 
-``python -m verl.trainer.main_ppo`` (Ray, an FSDP2 actor, an sglang 0.5.6.post2 rollout server) assumes a GPU in five
-places, and a sixth when a reference model is built (KL loss). Each module here fixes one, right after its target
-module is imported, in every process of the run (driver, Ray workers, sglang's spawned scheduler processes):
+``python -m verl.trainer.main_ppo`` (Ray, an FSDP2 actor, an sglang rollout server) assumes a GPU in a few places.
+Each module here fixes one, right after its target module is imported, in every process of the run (driver, Ray
+workers, sglang's spawned scheduler processes). Which patches apply depends on the installed verl
+(:data:`verl_cpu.hook.PATCHES_BY_VERL`): verl 0.7.1 + sglang 0.5.6.post2 (pinned) or verl 0.9.1 + sglang 0.5.12
+(current); any other verl is refused.
 
 ======================  ==================================  =====================================================
 patch module            target module (applied after it)    upstream code it works around
 ======================  ==================================  =====================================================
-``dist_backend``        ``verl.workers.fsdp_workers``       ``ActorRolloutRefWorker.__init__``: backend
-                                                            ``"cpu:gloo,cpu:nccl"`` (torch: duplicate device type)
+``cpu_platform``        ``verl.plugin.platform.             0.9.1 only: verl asks its platform registry every
+                        platform_manager``                  device question and falls back to ``nvidia``; adds a
+                                                            ``cpu`` platform (``VERL_PLATFORM=cpu`` selects it)
+``dist_backend``        ``verl.workers.fsdp_workers``       backend ``"cpu:gloo,cpu:nccl"`` / ``"cpu:gloo,cpu:gloo"``
+                        (0.7.1), ``verl.utils.distributed`` (torch: duplicate device type)
+                        (0.9.1)
 ``torch_cpu_memory``    ``verl.utils.device``               ``torch.cpu`` lacks ``memory_allocated`` & co. that
-                                                            ``verl/utils/memory_utils.py`` / ``fsdp_workers.py`` call
+                                                            ``verl/utils/memory_utils.py`` & co. call
 ``sglang_device``       ``sglang.srt.server_args``          ``get_device()`` raises without an accelerator
 ``sharing_strategy``    ``sglang.srt.utils.common``         CPU tensors via ``MultiprocessingSerializer`` need the
                                                             ``file_system`` strategy between unrelated processes
 ``sglang_reduce``       ``sglang.srt.utils.patch_torch``    ``_reduce_tensor_modified`` indexes the CUDA reduce
                                                             tuple (``IndexError`` for a CPU tensor)
-``offload_pin_memory``  ``verl.workers.fsdp_workers``       the reference model's FSDP2 ``CPUOffloadPolicy`` pins
-                                                            memory, which needs an accelerator (``RuntimeError``)
+``offload_pin_memory``  ``verl.workers.fsdp_workers``       0.7.1 only: the reference model's FSDP2
+                                                            ``CPUOffloadPolicy`` pins memory, which needs an
+                                                            accelerator (``RuntimeError``)
 ======================  ==================================  =====================================================
 
 Nothing here is part of the ``treetune_verl`` package. ``tools/cpu_env/setup.sh`` (CPU setup only; a GPU install never

@@ -1,10 +1,12 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""Patch 1: one gloo process group for verl's FSDP worker on CPU.
+"""Patch 1: one gloo process group for verl's training workers on CPU.
 
-Upstream: ``verl/workers/fsdp_workers.py`` (verl 0.7.1), ``ActorRolloutRefWorker.__init__`` (lines 155-164) calls
+Upstream: ``verl/workers/fsdp_workers.py`` (verl 0.7.1), ``ActorRolloutRefWorker.__init__`` (lines 155-164), and
+``verl/utils/distributed.py`` (verl 0.9.1), ``initialize_global_process_group_ray`` (line 89), call
 ``torch.distributed.init_process_group(backend=f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}")``. Without an
-accelerator ``get_device_name()`` is ``"cpu"``, so the string is ``"cpu:gloo,cpu:nccl"`` and torch refuses it
+accelerator the device is ``"cpu"``, so the string is ``"cpu:gloo,cpu:nccl"`` (0.7.1) or ``"cpu:gloo,cpu:gloo"``
+(0.9.1 with the ``cpu`` platform of :mod:`verl_cpu.cpu_platform`) and torch refuses it
 (``ValueError: Duplicate device type cpu``). The replacement of ``torch.distributed.init_process_group`` (looked up
 as a module attribute at call time) turns exactly ``"cpu:gloo,cpu:<anything>"`` into ``"gloo"`` and calls torch's
 original; every other backend string passes through unchanged.
@@ -14,10 +16,17 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from verl_cpu._guard import is_patched, replacement_of, require_cpu_only, require_signature, require_versions
+from verl_cpu._guard import (
+    installed_version,
+    is_patched,
+    replacement_of,
+    require_cpu_only,
+    require_signature,
+    require_versions,
+)
 
 PATCH = "dist_backend"
-SUPPORTED = {"verl": ("0.7.1",), "torch": ("2.13.0",)}
+SUPPORTED = {"verl": ("0.7.1", "0.9.1"), "torch": ("2.13.0",)}
 INIT_PROCESS_GROUP_PARAMETERS = (
     "backend",
     "init_method",
@@ -30,7 +39,11 @@ INIT_PROCESS_GROUP_PARAMETERS = (
     "device_id",
     "_ranks",
 )
-WORKER_INIT_PARAMETERS = ("self", "config", "role", "kwargs")
+# verl version -> (the function that builds the backend string, its parameters, where it is)
+CALLERS = {
+    "0.7.1": ("ActorRolloutRefWorker.__init__", ("self", "config", "role", "kwargs"), "verl/workers/fsdp_workers.py"),
+    "0.9.1": ("initialize_global_process_group_ray", ("timeout_second", "backend"), "verl/utils/distributed.py"),
+}
 
 
 def cpu_backend(backend: object) -> object:
@@ -42,7 +55,15 @@ def cpu_backend(backend: object) -> object:
     return backend
 
 
-def apply(fsdp_workers: ModuleType) -> None:
+def _caller(module: ModuleType, dotted: str):
+    obj = module
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def apply(module: ModuleType) -> None:
+    """``module``: ``verl.workers.fsdp_workers`` (verl 0.7.1) or ``verl.utils.distributed`` (verl 0.9.1)."""
     import torch.distributed
 
     current = torch.distributed.init_process_group
@@ -53,12 +74,8 @@ def apply(fsdp_workers: ModuleType) -> None:
     require_signature(
         PATCH, current, INIT_PROCESS_GROUP_PARAMETERS, "torch/distributed/distributed_c10d.py:init_process_group"
     )
-    require_signature(
-        PATCH,
-        fsdp_workers.ActorRolloutRefWorker.__init__,
-        WORKER_INIT_PARAMETERS,
-        "verl/workers/fsdp_workers.py:ActorRolloutRefWorker.__init__",
-    )
+    name, parameters, where = CALLERS[installed_version("verl")]
+    require_signature(PATCH, _caller(module, name), parameters, f"{where}:{name}")
 
     @replacement_of(current, PATCH)
     def init_process_group(backend=None, *args, **kwargs):

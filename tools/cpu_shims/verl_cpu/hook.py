@@ -16,14 +16,40 @@ import sys
 import threading
 from types import ModuleType
 
-# target module -> patch modules applied (in order) right after the target's code has run.
-PATCHES: dict[str, tuple[str, ...]] = {
-    "verl.utils.device": ("verl_cpu.torch_cpu_memory",),
-    "verl.workers.fsdp_workers": ("verl_cpu.dist_backend", "verl_cpu.offload_pin_memory"),
-    "sglang.srt.server_args": ("verl_cpu.sglang_device",),
-    "sglang.srt.utils.common": ("verl_cpu.sharing_strategy",),
-    "sglang.srt.utils.patch_torch": ("verl_cpu.sglang_reduce",),
+from verl_cpu._guard import PatchError, installed_version
+
+# target module -> patch modules applied (in order) right after the target's code has run, per installed verl version
+# (the pinned stack's verl 0.7.1 with sglang 0.5.6.post2; the current stack's verl 0.9.1 with sglang 0.5.12).
+PATCHES_BY_VERL: dict[str, dict[str, tuple[str, ...]]] = {
+    "0.7.1": {
+        "verl.utils.device": ("verl_cpu.torch_cpu_memory",),
+        "verl.workers.fsdp_workers": ("verl_cpu.dist_backend", "verl_cpu.offload_pin_memory"),
+        "sglang.srt.server_args": ("verl_cpu.sglang_device",),
+        "sglang.srt.utils.common": ("verl_cpu.sharing_strategy",),
+        "sglang.srt.utils.patch_torch": ("verl_cpu.sglang_reduce",),
+    },
+    "0.9.1": {
+        "verl.plugin.platform.platform_manager": ("verl_cpu.cpu_platform",),
+        "verl.utils.device": ("verl_cpu.torch_cpu_memory",),
+        "verl.utils.distributed": ("verl_cpu.dist_backend",),
+        "sglang.srt.server_args": ("verl_cpu.sglang_device",),
+        "sglang.srt.utils.common": ("verl_cpu.sharing_strategy",),
+        "sglang.srt.utils.patch_torch": ("verl_cpu.sglang_reduce",),
+    },
 }
+
+
+def patches_for(verl_version: str) -> dict[str, tuple[str, ...]]:
+    """The patch table of this verl version; refuses any other (naming the supported ones)."""
+    if verl_version not in PATCHES_BY_VERL:
+        raise PatchError(
+            f"verl_cpu: no CPU patches for verl {verl_version}; written for verl {' / '.join(PATCHES_BY_VERL)}. "
+            "Unset TREETUNE_VERL_CPU_PATCHES or update tools/cpu_shims/verl_cpu."
+        )
+    return PATCHES_BY_VERL[verl_version]
+
+
+PATCHES: dict[str, tuple[str, ...]] = patches_for(installed_version("verl"))  # the installed verl's table
 
 _lock = threading.RLock()
 

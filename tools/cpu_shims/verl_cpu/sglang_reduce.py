@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Patch 5: sglang's tensor-reduction patch leaves CPU tensors alone.
 
-Upstream: ``sglang/srt/utils/patch_torch.py`` (sglang 0.5.6.post2). ``monkey_patch_torch_reductions`` (called before
+Upstream: ``sglang/srt/utils/patch_torch.py`` (sglang 0.5.6.post2; 0.5.12 unchanged, line 72). ``monkey_patch_torch_reductions`` (called before
 every weight sync, ``sglang/srt/weight_sync/utils.py:update_weights``, and in the scheduler) makes
 ``torch.multiprocessing.reductions.reduce_tensor`` call ``_reduce_tensor_modified`` (line 49), which rewrites element
 ``_REDUCE_TENSOR_ARG_DEVICE_INDEX = 6`` of the reduce tuple to the GPU's UUID. That tuple has that element only for a
@@ -26,7 +26,7 @@ from verl_cpu._guard import (
 )
 
 PATCH = "sglang_reduce"
-SUPPORTED = {"sglang": ("0.5.6.post2",), "torch": ("2.13.0",)}
+SUPPORTED = {"sglang": ("0.5.6.post2", "0.5.12"), "torch": ("2.13.0",)}
 
 
 def apply(patch_torch: ModuleType) -> None:

@@ -20,7 +20,7 @@ from types import ModuleType
 from verl_cpu._guard import PatchError, require_cpu_only, require_signature, require_versions
 
 PATCH = "sharing_strategy"
-SUPPORTED = {"sglang": ("0.5.6.post2",), "torch": ("2.13.0",)}
+SUPPORTED = {"sglang": ("0.5.6.post2", "0.5.12"), "torch": ("2.13.0",)}
 STRATEGY = "file_system"
 
 

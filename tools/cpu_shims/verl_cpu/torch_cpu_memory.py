@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Patch 2: device-memory queries on ``torch.cpu``, which verl calls through ``get_torch_device()``.
 
-Upstream: ``verl/utils/device.py:get_torch_device`` (verl 0.7.1) returns ``torch.cpu`` without an accelerator, and
+Upstream: ``verl/utils/device.py:get_torch_device`` (verl 0.7.1; in 0.9.1 the ``cpu`` platform's ``device_module``,
+:mod:`verl_cpu.cpu_platform`) returns ``torch.cpu`` without an accelerator, and
 ``verl/utils/memory_utils.py:aggressive_empty_cache`` (lines 46-61, called from
 ``fsdp_workers.py:ActorRolloutRefWorker.init_model``), ``fsdp_workers.py:update_actor`` (lines 1021-1022) and
 ``verl/utils/fsdp_utils.py`` call ``memory_reserved`` / ``memory_allocated`` / ``max_memory_allocated`` /
@@ -19,7 +20,7 @@ from types import ModuleType
 from verl_cpu._guard import MARK, PatchError, is_patched, require_cpu_only, require_signature, require_versions
 
 PATCH = "torch_cpu_memory"
-SUPPORTED = {"verl": ("0.7.1",), "torch": ("2.13.0",)}
+SUPPORTED = {"verl": ("0.7.1", "0.9.1"), "torch": ("2.13.0",)}
 
 
 def memory_allocated(device=None) -> int:

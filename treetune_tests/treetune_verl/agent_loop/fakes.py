@@ -30,6 +30,7 @@ from verl.protocol import DataProto
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import ToolResponse
 
+from treetune_tests.treetune_verl.verl_config import compose_ppo_trainer
 from treetune_verl.agent_loop.entropy_single_turn_agent_loop import EntropySingleTurnAgentLoop
 from treetune_verl.rollout.token_output import EntropyTokenOutput
 
@@ -194,6 +195,20 @@ class FixedLengthAgentLoop(EntropySingleTurnAgentLoop):
         return await super().run(sampling_params, **kwargs)
 
 
+def tool_overrides(workdir: Path) -> list[str]:
+    """Overrides selecting the fake tool and interactions (their configs written into ``workdir``)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    tool_path, interaction_path = workdir / "tools.json", workdir / "interactions.json"
+    tool_path.write_text(json.dumps(TOOL_CONFIG))  # JSON is YAML; OmegaConf.load reads it
+    interaction_path.write_text(json.dumps(INTERACTION_CONFIG))
+    return [
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tool_path}",
+        f"actor_rollout_ref.rollout.multi_turn.interaction_config_path={interaction_path}",
+        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=4",
+        "actor_rollout_ref.rollout.multi_turn.format=hermes",
+    ]
+
+
 def compose_config(
     model_path: Path | str,
     workdir: Path,
@@ -202,28 +217,7 @@ def compose_config(
     extra: list[str] | None = None,
 ):
     """verl 0.7.1's ``ppo_trainer`` composed by Hydra with the README override block and a tool/interaction setup."""
-    import verl
-    from hydra import compose, initialize_config_dir
-
-    from treetune_verl.config import read_overrides
-
-    workdir.mkdir(parents=True, exist_ok=True)
-    tool_path, interaction_path = workdir / "tools.json", workdir / "interactions.json"
-    tool_path.write_text(json.dumps(TOOL_CONFIG))  # JSON is YAML; OmegaConf.load reads it
-    interaction_path.write_text(json.dumps(INTERACTION_CONFIG))
-    overrides = read_overrides() + [
-        f"actor_rollout_ref.model.path={model_path}",
-        f"data.max_prompt_length={prompt_length}",
-        f"data.max_response_length={response_length}",
-        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tool_path}",
-        f"actor_rollout_ref.rollout.multi_turn.interaction_config_path={interaction_path}",
-        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=4",
-        "actor_rollout_ref.rollout.multi_turn.format=hermes",
-        *(extra or []),
-    ]
-    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
-    with initialize_config_dir(config_dir=config_dir, version_base=None):
-        return compose("ppo_trainer", overrides=overrides)
+    return compose_ppo_trainer(model_path, prompt_length, response_length, tool_overrides(workdir) + (extra or []))
 
 
 def make_batch(plans: list[str], agent_names: list[str] | None, interactions: list[str] | None = None) -> DataProto:

@@ -77,7 +77,9 @@ def test_family_row_matches_the_real_template(tokenizers, name, stopped):
     assert template.family.name == name
     reply = template.encode("Apple.") + ([template.end_of_turn_id] if stopped == "end_of_turn" else [])
     ours = assembled(template, CONVERSATION, reply)
-    reference = list(tokenizer.apply_chat_template(CONVERSATION, add_generation_prompt=True, tokenize=True))
+    reference = list(
+        tokenizer.apply_chat_template(CONVERSATION, add_generation_prompt=True, tokenize=True, return_dict=False)
+    )
     assert tokenizer.decode(ours) == tokenizer.decode(reference)
     # the template's own tokens after the reply (closing + new messages) are exactly the reference's
     tail = ours[len(template.prompt_ids(CONVERSATION[:2])) + len(reply) :]
@@ -117,7 +119,7 @@ def test_thinking_is_kept_when_the_template_drops_it(tokenizers):
     reply = template.encode(produced) + [template.end_of_turn_id]
     conversation = [*CONVERSATION[:2], {"role": "assistant", "content": produced}, CONVERSATION[3]]
     ours = assembled(template, conversation, reply)
-    rerendered = list(tokenizer.apply_chat_template(conversation, add_generation_prompt=True))
+    rerendered = list(tokenizer.apply_chat_template(conversation, add_generation_prompt=True, return_dict=False))
     assert "fruit, red" in tokenizer.decode(ours)
     assert "fruit, red" not in tokenizer.decode(rerendered)  # the template dropped it
     start = len(template.prompt_ids(conversation[:2]))

@@ -8,6 +8,8 @@ import os
 
 import pytest
 
+from treetune_verl.sglang.config import ENV_ENABLED, ENV_MODE, ENV_TOP_K
+
 
 @pytest.fixture(autouse=True, scope="module")
 def sglang_engine_setup_restored():
@@ -29,7 +31,9 @@ def sglang_engine_setup_restored():
 
 @pytest.fixture
 def isolated_env(monkeypatch):
-    """verl's server sets CUDA_VISIBLE_DEVICES and sglang env flags in this process; restore them afterwards."""
-    for key in ("CUDA_VISIBLE_DEVICES", "SGLANG_BLOCK_NONZERO_RANK_CHILDREN", "TREETUNE_ENTROPY_TOP_K"):
+    """verl's server sets CUDA_VISIBLE_DEVICES and sglang env flags in this process, ``install()`` our switch and
+    settings (``treetune_verl.sglang.config``); restore them afterwards."""
+    for key in ("CUDA_VISIBLE_DEVICES", "SGLANG_BLOCK_NONZERO_RANK_CHILDREN", ENV_TOP_K):
         monkeypatch.setenv(key, os.environ.get(key, ""))
-    monkeypatch.delenv("TREETUNE_ENTROPY_MODE", raising=False)
+    for key in (ENV_ENABLED, ENV_MODE):
+        monkeypatch.delenv(key, raising=False)

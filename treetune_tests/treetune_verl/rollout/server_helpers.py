@@ -11,30 +11,34 @@ from typing import Any
 
 from omegaconf import open_dict
 
-from treetune_tests.treetune_verl.agent_loop.fakes import compose_config
-from treetune_verl.sglang.engine import CPU_ENGINE_KWARGS
+from treetune_tests.treetune_verl.verl_config import compose_ppo_trainer
+from treetune_verl.sglang.engine import cpu_engine_kwargs
 
 
 def server_config(
     model_path: Path | str,
-    workdir: Path,
     prompt_length: int,
     response_length: int,
     engine: dict[str, Any] | None = None,
+    overrides: list[str] | None = None,
     **rollout: Any,
 ):
-    """The Hydra-composed config with the README block, TP 1, n 1, the CPU engine settings (plus ``engine``) through
-    ``rollout.engine_kwargs.sglang`` (verl spreads them last), and ``rollout`` keys set on the rollout section."""
-    config = compose_config(
+    """The Hydra-composed config with the README block, TP 1, n 1 and ``overrides``, the CPU engine settings (plus
+    ``engine``) through ``rollout.engine_kwargs.sglang`` (verl spreads them last), and ``rollout`` keys set on the
+    rollout section."""
+    config = compose_ppo_trainer(
         model_path,
-        workdir,
         prompt_length,
         response_length,
-        extra=["actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.rollout.n=1"],
+        extra=[
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+            "actor_rollout_ref.rollout.n=1",
+            *(overrides or []),
+        ],
     )
     with open_dict(config):
         config.actor_rollout_ref.rollout.engine_kwargs.sglang = {
-            **CPU_ENGINE_KWARGS,
+            **cpu_engine_kwargs(),
             "enable_memory_saver": False,  # torch_memory_saver is CUDA-only
             "random_seed": 0,
             **(engine or {}),

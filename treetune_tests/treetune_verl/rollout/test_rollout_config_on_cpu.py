@@ -1,20 +1,21 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""``check_rollout_config`` / ``entropy_config`` on the real Hydra-composed ``ppo_trainer`` rollout section."""
+"""``check_rollout_config`` / ``entropy_config`` on the real Hydra-composed ``ppo_trainer`` rollout section (verl 0.7.1
+or 0.9.1)."""
 
 from __future__ import annotations
 
 import pytest
 from omegaconf import OmegaConf
 
-from treetune_tests.treetune_verl.agent_loop.fakes import compose_config
+from treetune_tests.treetune_verl.verl_config import compose_ppo_trainer
 from treetune_verl.rollout.rollout_config import check_rollout_config
 from treetune_verl.sglang.patching import UnsupportedSGLangError
 
 
 @pytest.fixture(scope="module")
-def config(tiny_model_dir, tmp_path_factory):
-    return compose_config(tiny_model_dir, tmp_path_factory.mktemp("cfg"), 64, 128)
+def config(tiny_model_dir):
+    return compose_ppo_trainer(tiny_model_dir, 64, 128)
 
 
 def test_config_refusals(config):

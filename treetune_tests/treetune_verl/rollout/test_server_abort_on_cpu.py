@@ -30,8 +30,8 @@ LONG = {"logprobs": True, "temperature": 1.0, "ignore_eos": True}  # runs to max
 PROMPT = [5, 6, 7, 8]
 
 
-def _server(model_path, workdir):
-    config = server_config(model_path, workdir, PROMPT_LENGTH, RESPONSE_LENGTH, engine={"max_running_requests": 1})
+def _server(model_path):
+    config = server_config(model_path, PROMPT_LENGTH, RESPONSE_LENGTH, engine={"max_running_requests": 1})
     return make_server(config)
 
 
@@ -47,8 +47,8 @@ def _well_formed(output) -> None:
 
 
 @pytest.mark.engine
-async def test_abort_sessions_cuts_exactly_the_named_trajectories(tiny_model_dir, tmp_path, isolated_env):
-    server = _server(tiny_model_dir, tmp_path)
+async def test_abort_sessions_cuts_exactly_the_named_trajectories(tiny_model_dir, isolated_env):
+    server = _server(tiny_model_dir)
     running, queued, untouched = new_session_id(), new_session_id(), new_session_id()
     try:
         await server.launch_server()
@@ -103,8 +103,8 @@ async def test_abort_sessions_cuts_exactly_the_named_trajectories(tiny_model_dir
     assert entropy_requests == 0  # no entropy state of an aborted request left in the scheduler
 
 
-async def test_abort_sessions_refuses_a_request_id(tiny_model_dir, tmp_path, isolated_env):
-    server = _server(tiny_model_dir, tmp_path)
+async def test_abort_sessions_refuses_a_request_id(tiny_model_dir, isolated_env):
+    server = _server(tiny_model_dir)
     with pytest.raises(ValueError, match="not a session prefix"):
         await server.abort_sessions([turn_request_id(new_session_id())])
     with pytest.raises(ValueError, match="not a session prefix"):

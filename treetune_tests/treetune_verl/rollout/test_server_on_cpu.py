@@ -25,7 +25,7 @@ from uuid import uuid4
 import pytest
 import torch
 
-from treetune_tests.treetune_verl.agent_loop.fakes import make_batch, unpadded
+from treetune_tests.treetune_verl.agent_loop.fakes import make_batch, tool_overrides, unpadded
 from treetune_tests.treetune_verl.rollout.server_helpers import make_server, server_config, stop_server
 from treetune_tests.treetune_verl.sglang.engine_helpers import hf_token_entropy
 
@@ -37,7 +37,7 @@ TURN_TOKENS = 24  # per model turn, so that the tool loop reaches its interactio
 
 
 def _config(model_path, workdir, **rollout: Any):
-    return server_config(model_path, workdir, PROMPT_LENGTH, RESPONSE_LENGTH, **rollout)
+    return server_config(model_path, PROMPT_LENGTH, RESPONSE_LENGTH, overrides=tool_overrides(workdir), **rollout)
 
 
 _server = make_server
