@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,3 +25,13 @@ def run_script(env: dict[str, str], *args: str, timeout: int) -> subprocess.Comp
         text=True,
         timeout=timeout,
     )
+
+
+def assert_trainer_session_ended(stdout: str) -> None:
+    """The script named exactly one trainer session (``[e2e] trainer session: <sid>``) and no process of it is left
+    (the script ends the trainer's whole session: Ray, sglang's schedulers)."""
+    sessions = {int(m) for m in re.findall(r"^\[e2e\] trainer session: (\d+)$", stdout, re.M)}
+    alive = {
+        int(x) for x in subprocess.run(["ps", "-eo", "sid="], capture_output=True, text=True, check=True).stdout.split()
+    }
+    assert len(sessions) == 1 and not sessions & alive, (sessions, sessions & alive)

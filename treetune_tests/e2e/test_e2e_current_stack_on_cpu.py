@@ -14,23 +14,16 @@ from __future__ import annotations
 
 import importlib.metadata
 import math
-import re
-import subprocess
 
 import pytest
 import torch
 
 from treetune_tests.e2e.check_metrics import GRAD_NORM, PEARSON, PG_LOSS, PROBS_DIFF, check, read_steps
-from treetune_tests.e2e.script import REPO_ROOT, run_script
+from treetune_tests.e2e.script import REPO_ROOT, assert_trainer_session_ended, run_script
 
 WORKDIR = REPO_ROOT / "outputs" / "e2e-current-stock-tiny"
 
 pytestmark = pytest.mark.skipif(importlib.metadata.version("verl") != "0.9.1", reason="verl 0.9.1 (the current stack)")
-
-
-def _session_ids() -> set[int]:
-    out = subprocess.run(["ps", "-eo", "sid="], capture_output=True, text=True, check=True).stdout
-    return {int(x) for x in out.split()}
 
 
 def test_the_override_block_is_refused_on_verl_0_9_1_until_it_runs_there(tmp_path):
@@ -59,5 +52,4 @@ def test_stock_verl_0_9_1_grpo_two_steps_on_cpu():
         # sglang serves the weights the actor computes with: after step 1's update too (the weight sync works)
         assert metrics[PROBS_DIFF] <= 1e-3 and metrics[PEARSON] >= 0.999
     # nothing of the run is left: the script ends the trainer's whole session
-    sessions = {int(m) for m in re.findall(r"^\[e2e\] trainer session: (\d+)$", result.stdout, re.M)}
-    assert len(sessions) == 1 and not sessions & _session_ids()
+    assert_trainer_session_ended(result.stdout)

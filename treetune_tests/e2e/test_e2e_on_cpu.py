@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,15 +28,11 @@ from treetune_tests.e2e.check_metrics import (
     check,
     read_steps,
 )
+from treetune_tests.e2e.script import assert_trainer_session_ended
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = REPO_ROOT / "treetune_tests" / "e2e" / "test_entropy_e2e.sh"
 WORKDIR = REPO_ROOT / "outputs" / "e2e-test-tiny"
-
-
-def _session_ids() -> set[int]:
-    out = subprocess.run(["ps", "-eo", "sid="], capture_output=True, text=True, check=True).stdout
-    return {int(x) for x in out.split()}
 
 
 @pytest.mark.slow
@@ -72,5 +67,4 @@ def test_grpo_two_steps_tiny_model_on_cpu():
     text = log.read_text()
     assert "EntropySGLangHttpServer" in text and "EntropyAgentLoopWorker" in text
     # nothing of the run is left: the script ends the trainer's whole session
-    sessions = {int(m) for m in re.findall(r"^\[e2e\] trainer session: (\d+)$", result.stdout, re.M)}
-    assert len(sessions) == 1 and not sessions & _session_ids()
+    assert_trainer_session_ended(result.stdout)

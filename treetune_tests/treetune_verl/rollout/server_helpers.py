@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,23 @@ def make_server(config):
     )
 
 
+def _stop_subprocess_watchdogs() -> None:
+    """Stop sglang's subprocess watchdogs in this process (sglang >= 0.5.12; none before).
+
+    ``Engine._launch_subprocesses`` starts a ``SubprocessWatchdog`` thread that sends this process SIGQUIT when one
+    of its subprocesses exits with an error; verl's ``launch_server`` discards the object (``async_sglang_server.py``,
+    ``*_ = Engine._launch_subprocesses(...)``), so killing the processes below would kill the test run a second later.
+    In a training run the server is a Ray actor whose whole process goes away instead.
+    """
+    try:
+        from sglang.srt.utils.watchdog import SubprocessWatchdog
+    except ImportError:
+        return
+    for obj in gc.get_objects():
+        if isinstance(obj, SubprocessWatchdog):
+            obj.stop()
+
+
 async def stop_server(server) -> None:
     """Stop verl's uvicorn task and every process the launch started (sglang's scheduler and detokenizer)."""
     from sglang.srt.utils import kill_process_tree
@@ -74,4 +92,5 @@ async def stop_server(server) -> None:
     if getattr(server, "_server_task", None) is not None:
         server._server_task.cancel()
         await asyncio.gather(server._server_task, return_exceptions=True)
+    _stop_subprocess_watchdogs()
     kill_process_tree(os.getpid(), include_parent=False)
