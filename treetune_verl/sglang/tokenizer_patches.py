@@ -23,6 +23,10 @@ logger = logging.getLogger(__name__)
 
 META_INFO_ENTROPY_KEY = "output_token_entropy"  # list[float], nats, aligned with "output_token_logprobs"
 REQ_STATE_ENTROPY_ATTR = "treetune_output_token_entropy"  # list[float] on sglang's ReqState
+# True on sglang's ReqState once one of the request's chunks was refused (a version adapter found an output whose
+# entropy lists do not line up with its rows) or its values stopped lining up with its logprobs: the request gets no
+# entropy from then on (a missing key, which callers report), never a list that lacks some tokens' values.
+REQ_STATE_REFUSED_ATTR = "treetune_output_token_entropy_refused"
 
 # Signatures the wrappers repeat: sglang 0.5.6.post2 and 0.5.12 managers/tokenizer_manager.py TokenizerManager.
 _CONVERT_PARAMS = (
@@ -56,7 +60,9 @@ def _wrap_convert(original):
         global _warned_unpatched_scheduler
         if recv_obj.input_token_logprobs_val is not None:  # sglang returns early otherwise; so do we
             chunk = recv_obj.output_token_entropy_val
-            if chunk is not None:
+            if chunk is not None and chunk[recv_obj_index] is None:  # refused by the adapter (logged there)
+                setattr(state, REQ_STATE_REFUSED_ATTR, True)
+            elif chunk is not None:
                 _state_entropy(state).extend(chunk[recv_obj_index])
             elif not _warned_unpatched_scheduler:
                 _warned_unpatched_scheduler = True
@@ -82,10 +88,21 @@ def _wrap_add_to_meta(original):
     @functools.wraps(original)
     def add_logprob_to_meta_info(self, meta_info, state, top_logprobs_num, token_ids_logprob, return_text_in_logprobs):
         original(self, meta_info, state, top_logprobs_num, token_ids_logprob, return_text_in_logprobs)
+        if getattr(state, REQ_STATE_REFUSED_ATTR, False):
+            return
         values = getattr(state, REQ_STATE_ENTROPY_ATTR, None)
-        if values is not None:
+        logprobs = meta_info["output_token_logprobs"]  # the request's whole list so far (sglang slices it later)
+        if values is not None and len(values) != len(logprobs):
+            setattr(state, REQ_STATE_REFUSED_ATTR, True)
+            logger.error(
+                "treetune entropy: request %s has %d entropy values for %d output logprobs; it gets no entropy.",
+                getattr(getattr(state, "obj", None), "rid", "?"),
+                len(values),
+                len(logprobs),
+            )
+        elif values is not None:
             meta_info[META_INFO_ENTROPY_KEY] = list(values)  # a copy: the state's list keeps growing while streaming
-        elif not meta_info["output_token_logprobs"]:
+        elif not logprobs:
             meta_info[META_INFO_ENTROPY_KEY] = []  # no token yet (e.g. aborted while waiting): nothing to align
 
     return add_logprob_to_meta_info

@@ -134,7 +134,7 @@ def test_handle_batch_output_refuses_lists_not_one_per_row(caplog):
     out = _batch_output(["a", "b", "c"], {CUSTOMIZED_INFO_KEY: [[0.1], [0.3]]})
     with caplog.at_level(logging.ERROR):
         move_entropy_out_of_customized_info(out)
-    assert out.output_token_entropy_val is None  # no row gets another row's values
+    assert out.output_token_entropy_val == [None, None, None]  # no row gets another row's values
     assert "2 entropy lists for 3 requests" in caplog.text
 
 

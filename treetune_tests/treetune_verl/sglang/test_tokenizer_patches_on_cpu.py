@@ -18,7 +18,7 @@ from sglang.srt.managers.tokenizer_manager import ReqState, TokenizerManager
 
 from treetune_tests.treetune_verl.sglang.sglang_objects import make_state, str_chunk
 from treetune_verl.sglang import tokenizer_patches
-from treetune_verl.sglang.tokenizer_patches import META_INFO_ENTROPY_KEY, REQ_STATE_ENTROPY_ATTR
+from treetune_verl.sglang.tokenizer_patches import META_INFO_ENTROPY_KEY, REQ_STATE_ENTROPY_ATTR, REQ_STATE_REFUSED_ATTR
 
 
 def convert(manager: TokenizerManager, state: ReqState, chunk, index: int) -> dict:
@@ -95,3 +95,32 @@ def test_outputs_without_entropy_are_reported_once(patched, tokenizer_manager, c
     assert "runs without our patches" in record.getMessage()
     assert all(META_INFO_ENTROPY_KEY not in meta for meta in metas)
     assert len(metas[-1]["output_token_logprobs"]) == 3
+
+
+def test_a_refused_chunk_leaves_the_request_without_entropy_from_then_on(patched, tokenizer_manager, caplog):
+    """A version adapter refused one output (``None`` for the row, 0.5.12's misaligned ``customized_info``): the
+    request gets no entropy in that chunk or any later one, not a list missing that chunk's tokens, and nothing is
+    blamed on an unpatched scheduler."""
+    state = make_state("x", stream=True)
+    first = str_chunk({"x": ([11], [-0.5], [1.0], None)})
+    refused = str_chunk({"x": ([12], [-0.6], [2.0], None)})
+    refused.output_token_entropy_val = [None]
+    last = str_chunk({"x": ([13], [-0.7], [3.0], None)})
+    with caplog.at_level(logging.ERROR, logger=tokenizer_patches.__name__):
+        metas = [convert(tokenizer_manager, state, chunk, 0) for chunk in (first, refused, last)]
+    assert metas[0][META_INFO_ENTROPY_KEY] == [1.0]
+    assert all(META_INFO_ENTROPY_KEY not in meta for meta in metas[1:]) and getattr(state, REQ_STATE_REFUSED_ATTR)
+    assert len(metas[-1]["output_token_logprobs"]) == 3 and not caplog.records
+
+
+def test_values_not_lined_up_with_the_logprobs_are_withheld(patched, tokenizer_manager, caplog):
+    """The last guard: a request whose entropy count differs from its logprob count gets no entropy (logged, naming
+    the request), never a list that would shift values onto other tokens."""
+    state = make_state("y", stream=True)
+    chunk = str_chunk({"y": ([11, 12], [-0.5, -0.6], [1.0], None)})  # one value for two tokens
+    with caplog.at_level(logging.ERROR, logger=tokenizer_patches.__name__):
+        meta = convert(tokenizer_manager, state, chunk, 0)
+        later = convert(tokenizer_manager, state, str_chunk({"y": ([13], [-0.7], [3.0], None)}), 0)
+    assert META_INFO_ENTROPY_KEY not in meta and META_INFO_ENTROPY_KEY not in later
+    (record,) = caplog.records
+    assert "request y has 1 entropy values for 2 output logprobs" in record.getMessage()

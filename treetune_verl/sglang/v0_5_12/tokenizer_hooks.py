@@ -6,7 +6,8 @@
   output's ``customized_info`` (else sglang would copy each chunk, unaligned with streaming, into ``meta_info``) and
   put into the output's ``output_token_entropy_val``, where the shared ``tokenizer_patches`` accumulate it per request
   and write ``meta_info["output_token_entropy"]``, as on 0.5.6.post2. An output whose list does not have one entry
-  per row is refused (logged; its requests get no entropy rather than another request's).
+  per row is refused (logged; its requests get no entropy from then on rather than another request's values or a list
+  with gaps: ``None`` per row marks them for the shared patches).
 - ``_INCREMENTAL_STREAMING_META_INFO_KEYS``: with ``incremental_streaming_output`` sglang slices these keys to each
   chunk's new tokens; ours joins them so the entropy of a chunk stays aligned with its logprobs.
 - ``ServerArgs.check_server_args`` (called by ``Engine._launch_subprocesses`` before anything is spawned, also on
@@ -31,7 +32,8 @@ _STREAMING_KEYS_ATTR = "_INCREMENTAL_STREAMING_META_INFO_KEYS"  # managers/token
 
 
 def move_entropy_out_of_customized_info(recv_obj) -> None:
-    """``recv_obj.customized_info[CUSTOMIZED_INFO_KEY]`` -> ``recv_obj.output_token_entropy_val`` (one list per row)."""
+    """``recv_obj.customized_info[CUSTOMIZED_INFO_KEY]`` -> ``recv_obj.output_token_entropy_val`` (one list per row;
+    ``None`` per row when the lists do not line up with the rows)."""
     info = getattr(recv_obj, "customized_info", None)
     if not info or CUSTOMIZED_INFO_KEY not in info:
         return
@@ -43,6 +45,7 @@ def move_entropy_out_of_customized_info(recv_obj) -> None:
             len(chunks),
             len(recv_obj.rids),
         )
+        recv_obj.output_token_entropy_val = [None] * len(recv_obj.rids)
         return
     recv_obj.output_token_entropy_val = chunks
 
