@@ -31,8 +31,8 @@ The block arm's in-run attribution (``feature_shares.py``: seconds inside our co
 ``timing_s/step``) is recorded per run too (``block_total_share_of_step``), the noise-free figure the ratio
 cross-checks.
 
-Goal (issue acceptance): the block at most 1 % slower in generation (``gen_per_decode_step`` ratio <= 1.01): met when the pair CI's upper end
-is <= 1.01, missed when its lower end is > 1.01, not resolved otherwise. Writes JSON (``--out``) after
+Goal (issue acceptance): the block at most 1 % slower in generation (``gen_per_decode_step`` ratio <= 1.01): met when
+the pair CI's upper end is <= 1.01, missed when its lower end is > 1.01, not resolved otherwise. Writes JSON (``--out``) after
 every pair; ``--budget-s`` starts no pair that the slowest pair so far says would end past the budget. Figures:
 treetune_specs/2026-11-23-grpo-e2e.md ("Overhead of the block").
 """

@@ -27,11 +27,18 @@ def run_script(env: dict[str, str], *args: str, timeout: int) -> subprocess.Comp
     )
 
 
-def assert_trainer_session_ended(stdout: str) -> None:
-    """The script named exactly one trainer session (``[e2e] trainer session: <sid>``) and no process of it is left
-    (the script ends the trainer's whole session: Ray, sglang's schedulers)."""
-    sessions = {int(m) for m in re.findall(r"^\[e2e\] trainer session: (\d+)$", stdout, re.M)}
+def run_training(env: dict[str, str], *, timeout: int) -> subprocess.CompletedProcess:
+    """:func:`run_script` for a run that trains: it exits 0 (else the output's tail and the log's path in the message)
+    and no process of the trainer's session is left (``[e2e] trainer session: <sid>``, exactly one: the script ends
+    the whole session, Ray and sglang's schedulers included)."""
+    result = run_script(env, timeout=timeout)
+    log = Path(env.get("E2E_WORKDIR", REPO_ROOT / "outputs" / "e2e")) / "train.log"
+    assert result.returncode == 0, (
+        f"e2e run failed (rc {result.returncode}, {env}); log: {log}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    )
+    sessions = {int(m) for m in re.findall(r"^\[e2e\] trainer session: (\d+)$", result.stdout, re.M)}
     alive = {
         int(x) for x in subprocess.run(["ps", "-eo", "sid="], capture_output=True, text=True, check=True).stdout.split()
     }
     assert len(sessions) == 1 and not sessions & alive, (sessions, sessions & alive)
+    return result

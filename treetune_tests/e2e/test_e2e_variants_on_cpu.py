@@ -37,7 +37,7 @@ from treetune_tests.e2e.check_metrics import (
     training_steps,
     val_core,
 )
-from treetune_tests.e2e.script import REPO_ROOT, assert_trainer_session_ended, run_script
+from treetune_tests.e2e.script import REPO_ROOT, run_script, run_training
 from treetune_verl.config import read_overrides
 
 FULL = REPO_ROOT / "outputs" / "e2e-test-full"
@@ -120,13 +120,7 @@ def test_resume_refuses_without_a_saved_run_or_in_place(tiny_model_dir, tmp_path
 
 
 def _run_variant(variant: str, workdir: Path, **env: str) -> subprocess.CompletedProcess:
-    result = run_script({"E2E_MODEL": "tiny", "E2E_VARIANT": variant, "E2E_WORKDIR": str(workdir), **env}, timeout=1200)
-    assert result.returncode == 0, (
-        f"{variant} run failed (rc {result.returncode}); log: {workdir / 'train.log'}\n"
-        f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-    )
-    assert_trainer_session_ended(result.stdout)
-    return result
+    return run_training({"E2E_MODEL": "tiny", "E2E_VARIANT": variant, "E2E_WORKDIR": str(workdir), **env}, timeout=1200)
 
 
 @pytest.mark.slow

@@ -60,10 +60,11 @@ def _wrap_convert(original):
         global _warned_unpatched_scheduler
         if recv_obj.input_token_logprobs_val is not None:  # sglang returns early otherwise; so do we
             chunk = recv_obj.output_token_entropy_val
-            if chunk is not None and chunk[recv_obj_index] is None:  # refused by the adapter (logged there)
+            row = None if chunk is None else chunk[recv_obj_index]
+            if row is not None:
+                _state_entropy(state).extend(row)
+            elif chunk is not None:  # this row refused by the version adapter (logged there)
                 setattr(state, REQ_STATE_REFUSED_ATTR, True)
-            elif chunk is not None:
-                _state_entropy(state).extend(chunk[recv_obj_index])
             elif not _warned_unpatched_scheduler:
                 _warned_unpatched_scheduler = True
                 logger.error(

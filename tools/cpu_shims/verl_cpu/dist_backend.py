@@ -14,6 +14,7 @@ original; every other backend string passes through unchanged.
 
 from __future__ import annotations
 
+import operator
 from types import ModuleType
 
 from verl_cpu._guard import (
@@ -55,13 +56,6 @@ def cpu_backend(backend: object) -> object:
     return backend
 
 
-def _caller(module: ModuleType, dotted: str):
-    obj = module
-    for part in dotted.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
 def apply(module: ModuleType) -> None:
     """``module``: ``verl.workers.fsdp_workers`` (verl 0.7.1) or ``verl.utils.distributed`` (verl 0.9.1)."""
     import torch.distributed
@@ -75,7 +69,7 @@ def apply(module: ModuleType) -> None:
         PATCH, current, INIT_PROCESS_GROUP_PARAMETERS, "torch/distributed/distributed_c10d.py:init_process_group"
     )
     name, parameters, where = CALLERS[installed_version("verl")]
-    require_signature(PATCH, _caller(module, name), parameters, f"{where}:{name}")
+    require_signature(PATCH, operator.attrgetter(name)(module), parameters, f"{where}:{name}")
 
     @replacement_of(current, PATCH)
     def init_process_group(backend=None, *args, **kwargs):

@@ -2,8 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Patch 3: ``ServerArgs`` without a device resolves to ``"cpu"`` when there is no accelerator.
 
-Upstream: ``sglang/srt/server_args.py`` (sglang 0.5.6.post2; 0.5.12 the same at line 1171),
-``ServerArgs._handle_missing_default_values`` (line 722) calls ``get_device()`` (imported by name from ``sglang/srt/utils/common.py:get_device``), which raises
+Upstream: ``sglang/srt/server_args.py``, ``ServerArgs._handle_missing_default_values`` (sglang 0.5.6.post2 line 722,
+0.5.12 line 1171) calls ``get_device()`` (imported by name from ``sglang/srt/utils/common.py:get_device``), which raises
 ``RuntimeError: No accelerator (CUDA, XPU, HPU, NPU) is available.`` unless ``SGLANG_USE_CPU_ENGINE=1`` (which would
 switch sglang to ``sgl_kernel`` CPU ops that the import shims do not provide). verl's trainer-side adapter builds such
 a ``ServerArgs`` (``verl/workers/rollout/sglang_rollout/http_server_engine.py:255``, ``HttpServerAdapter.__init__``).

@@ -2,11 +2,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """Patch 5: sglang's tensor-reduction patch leaves CPU tensors alone.
 
-Upstream: ``sglang/srt/utils/patch_torch.py`` (sglang 0.5.6.post2; 0.5.12 unchanged, line 72). ``monkey_patch_torch_reductions`` (called before
-every weight sync, ``sglang/srt/weight_sync/utils.py:update_weights``, and in the scheduler) makes
-``torch.multiprocessing.reductions.reduce_tensor`` call ``_reduce_tensor_modified`` (line 49), which rewrites element
-``_REDUCE_TENSOR_ARG_DEVICE_INDEX = 6`` of the reduce tuple to the GPU's UUID. That tuple has that element only for a
-CUDA tensor; a CPU tensor's tuple is shorter (``IndexError: tuple index out of range``). The replacement calls
+Upstream: ``sglang/srt/utils/patch_torch.py`` (sglang 0.5.6.post2; 0.5.12 unchanged, line 72).
+``monkey_patch_torch_reductions`` (called before every weight sync, ``sglang/srt/weight_sync/utils.py:update_weights``,
+and in the scheduler) makes ``torch.multiprocessing.reductions.reduce_tensor`` call ``_reduce_tensor_modified``
+(line 49), which rewrites element ``_REDUCE_TENSOR_ARG_DEVICE_INDEX = 6`` of the reduce tuple to the GPU's UUID.
+That tuple has that element only for a CUDA tensor; a CPU tensor's tuple is shorter (``IndexError: tuple index out of range``). The replacement calls
 sglang's function for CUDA tensors and torch's original ``reduce_tensor`` (kept by sglang as
 ``reductions._reduce_tensor_original``) for all others. ``monkey_patch_torch_reductions`` reads the module global at
 call time, so replacing the global is enough; if it already ran in this process the registration is redone.
