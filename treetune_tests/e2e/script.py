@@ -27,11 +27,11 @@ def run_script(env: dict[str, str], *args: str, timeout: int) -> subprocess.Comp
     )
 
 
-def run_training(env: dict[str, str], *, timeout: int) -> subprocess.CompletedProcess:
-    """:func:`run_script` for a run that trains: it exits 0 (else the output's tail and the log's path in the message)
+def run_training(env: dict[str, str], *args: str, timeout: int) -> subprocess.CompletedProcess:
+    """:func:`run_script` (``args``: Hydra overrides) for a run that trains: it exits 0 (else the output's tail and the log's path in the message)
     and no process of the trainer's session is left (``[e2e] trainer session: <sid>``, exactly one: the script ends
     the whole session, Ray and sglang's schedulers included)."""
-    result = run_script(env, timeout=timeout)
+    result = run_script(env, *args, timeout=timeout)
     log = Path(env.get("E2E_WORKDIR", REPO_ROOT / "outputs" / "e2e")) / "train.log"
     assert result.returncode == 0, (
         f"e2e run failed (rc {result.returncode}, {env}); log: {log}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"

@@ -1,13 +1,14 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""Stock verl 0.9.1 GRPO (``python -m verl.trainer.main_ppo``: its default V1 trainer on TransferQueue, Ray, an FSDP2
-engine-worker actor, an sglang 0.5.12 rollout server) for 2 steps on CPU with the tiny random Qwen2.
+"""The rollout-entropy block in a stock ``python -m verl.trainer.main_ppo`` of verl 0.9.1 (its default V1 trainer on
+TransferQueue, Ray, an FSDP2 engine-worker actor, our server over verl's sglang 0.5.12 server): 2 GRPO steps on CPU
+with the tiny random Qwen2.
 
-What the current stack's trainer side builds on: the CPU runtime patches of ``tools/cpu_shims/verl_cpu`` for verl 0.9.1
-(the ``cpu`` platform among them) and the e2e script's current-stack settings, without the override block
-(``E2E_BLOCK=0``; the block on verl 0.9.1 is the next increment). Runs ``test_entropy_e2e.sh``, which checks every
-step's metrics itself, and re-reads its ``metrics.jsonl``. About 4 minutes on 2 cores. Output:
-``outputs/e2e-current-stock-tiny/``.
+Runs ``test_entropy_e2e.sh`` (``make e2e STACK=current``), which checks every step's metrics itself (rollout entropy,
+the agreement with the actor's entropy of the same tokens <= 1e-3 nats, verl's rollout-vs-actor probabilities, our
+seconds per feature), and re-reads its ``metrics.jsonl``; with validation before training and at every step (its
+rollout entropy: ``val-aux/rollout_entropy/...``). About 2 minutes on 2 cores. Output:
+``outputs/e2e-current-tiny/``.
 """
 
 from __future__ import annotations
@@ -18,32 +19,51 @@ import math
 import pytest
 import torch
 
-from treetune_tests.e2e.check_metrics import GRAD_NORM, PEARSON, PG_LOSS, PROBS_DIFF, check, read_steps
+from treetune_tests.e2e.check_metrics import (
+    ENTROPY_DIFF,
+    ENTROPY_MEAN,
+    GRAD_NORM,
+    PEARSON,
+    PG_LOSS,
+    PROBS_DIFF,
+    check,
+    read_steps,
+)
 from treetune_tests.e2e.script import REPO_ROOT, run_script, run_training
 
-WORKDIR = REPO_ROOT / "outputs" / "e2e-current-stock-tiny"
+WORKDIR = REPO_ROOT / "outputs" / "e2e-current-tiny"
+ACTOR_SETUP = "actor_rollout_ref.model.external_lib=treetune_verl.trainer.actor_setup"
 
 pytestmark = pytest.mark.skipif(importlib.metadata.version("verl") != "0.9.1", reason="verl 0.9.1 (the current stack)")
 
 
-def test_the_override_block_is_refused_on_verl_0_9_1_until_it_runs_there(tmp_path):
-    result = run_script({"E2E_MODEL": "tiny", "E2E_PRINT_ARGS": "1", "E2E_WORKDIR": str(tmp_path)}, timeout=300)
-    assert result.returncode == 2
-    assert "the override block does not run on verl 0.9.1 yet" in result.stderr and "E2E_BLOCK=0" in result.stderr
+def test_the_block_names_the_actor_entry_point_on_verl_0_9_1(tmp_path):
+    """verl 0.9.1 builds the servers before it loads the block's manager: the entry point selects the server."""
+    env = {"E2E_MODEL": "tiny", "E2E_PRINT_ARGS": "1", "E2E_WORKDIR": str(tmp_path)}
+    block = run_script(env, timeout=300)
+    assert block.returncode == 0, block.stderr
+    assert ACTOR_SETUP in block.stdout.splitlines() and "+treetune=rollout_entropy" in block.stdout.splitlines()
+    stock = run_script({**env, "E2E_BLOCK": "0"}, timeout=300)
+    assert stock.returncode == 0 and ACTOR_SETUP not in stock.stdout.splitlines()
 
 
 @pytest.mark.slow
 @pytest.mark.e2e
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU variant; on a GPU run the script directly")
-def test_stock_verl_0_9_1_grpo_two_steps_on_cpu():
-    env = {"E2E_MODEL": "tiny", "E2E_STEPS": "2", "E2E_BLOCK": "0", "E2E_WORKDIR": str(WORKDIR)}
-    result = run_training(env, timeout=1200)  # exit 0, nothing of the trainer's session left
+def test_rollout_entropy_block_in_verl_0_9_1_grpo_two_steps_on_cpu():
+    env = {"E2E_MODEL": "tiny", "E2E_STEPS": "2", "E2E_WORKDIR": str(WORKDIR)}
+    validation = ("trainer.val_before_train=True", "trainer.test_freq=1")  # the full variant's, without its ref model
+    result = run_training(env, *validation, timeout=1200)  # exit 0, nothing of the trainer's session left
     assert "OK: 2 step(s)" in result.stdout
 
     steps = read_steps(WORKDIR / "metrics.jsonl")
-    assert [s["step"] for s in steps] == [1, 2]
-    assert check(steps, min_steps=2, max_probs_diff=1e-3, min_pearson=0.999, entropy=False) == []
+    assert [s["step"] for s in steps] == [0, 1, 2]  # validation before training, then 2 trained steps
+    assert check(steps, min_steps=2, max_probs_diff=1e-3, min_pearson=0.999, max_entropy_diff=1e-3, val=True) == []
+    steps = steps[1:]
     for metrics in steps:
         assert math.isfinite(metrics[PG_LOSS]) and metrics[GRAD_NORM] > 0
         # sglang serves the weights the actor computes with: after step 1's update too (the weight sync works)
         assert metrics[PROBS_DIFF] <= 1e-3 and metrics[PEARSON] >= 0.999
+        # every row came from the entropy loop, and its entropy is the actor's of the same tokens
+        assert metrics[ENTROPY_MEAN] > 0 and metrics["timing_s/agent_loop/rollout_entropy/rows_without_entropy"] == 0
+        assert metrics[ENTROPY_DIFF] <= 1e-3 and metrics["rollout_entropy/actor_abs_diff/max"] <= 1e-2

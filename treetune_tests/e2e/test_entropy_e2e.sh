@@ -107,18 +107,15 @@ if [[ "$DEVICE" == auto ]]; then
 fi
 
 # The stack is the installed verl's: 0.7.1 (pinned, with sglang 0.5.6.post2) or 0.9.1 (current, with sglang 0.5.12;
-# `make e2e STACK=current`). On the current stack the override block does not run yet (issue 25): only E2E_BLOCK=0.
+# `make e2e STACK=current`). On the current stack the block also names the actor entry point (external_lib): verl 0.9.1
+# builds the servers before it loads the block's manager, and that module selects the entropy server
+# (treetune_verl/trainer/v0_9_1/process_setup.py). Over-sampling, steering and the forecast are refused there so far.
 VERL_VERSION=$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("verl"))')
 case "$VERL_VERSION" in
     0.7.1) STACK=pinned ;;
     0.9.1) STACK=current ;;
     *) echo "FAIL: verl $VERL_VERSION is installed; this script runs verl 0.7.1 (pinned) or 0.9.1 (current)" >&2; exit 2 ;;
 esac
-if [[ "$STACK" == current && "$BLOCK" == 1 ]]; then
-    echo "FAIL: the override block does not run on verl 0.9.1 yet (treetune_specs: current-stack trainer side);" \
-        "run the stock arm: E2E_BLOCK=0 make e2e STACK=current" >&2
-    exit 2
-fi
 
 case "${E2E_MODEL:-smollm2}" in
     smollm2) DEFAULT_MODEL='from treetune_verl.model_cache import smollm2_path; print(smollm2_path())' ;;
@@ -244,6 +241,7 @@ fi
 
 if [[ "$BLOCK" == 1 ]]; then
     ARGS+=("${ENTROPY_OVERRIDES[@]}")
+    [[ "$STACK" == current ]] && ARGS+=(actor_rollout_ref.model.external_lib=treetune_verl.trainer.actor_setup)
 else
     # Stock verl: what the block would set that the run cannot do without (see the header), nothing else.
     ARGS+=(actor_rollout_ref.rollout.name=sglang actor_rollout_ref.rollout.calculate_log_probs=True)

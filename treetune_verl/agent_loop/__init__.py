@@ -13,9 +13,15 @@ Spec: ``treetune_specs/2026-11-22-verl-rollout-entropy.md``; map: ``agent-docs/a
 """
 
 from treetune_verl.lazy_exports import lazy_exports
+from treetune_verl.verl_guard import on_current_stack
 
 _WHERE = {
-    "EntropyAgentLoopManager": "treetune_verl.agent_loop.entropy_manager",
+    # The block's manager class: verl 0.9.1's V1 trainer needs another one (entropy_manager_tq.py).
+    "EntropyAgentLoopManager": (
+        "treetune_verl.agent_loop.entropy_manager_tq"
+        if on_current_stack()
+        else "treetune_verl.agent_loop.entropy_manager"
+    ),
     "EntropySingleTurnAgentLoop": "treetune_verl.agent_loop.entropy_single_turn_agent_loop",
     "EntropyToolAgentLoop": "treetune_verl.agent_loop.entropy_tool_agent_loop",
     "RolloutEntropyWorker": "treetune_verl.agent_loop.entropy_worker",

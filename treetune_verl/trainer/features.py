@@ -163,3 +163,49 @@ def check_over_sample_config(config: Any) -> None:
         raise ValueError(f"{RATE_KEY} > 0 supports verl's legacy FSDP workers only ({WORKER_IMPL_KEY})")
     if OmegaConf.select(config, f"{ROLLOUT}.enable_rollout_routing_replay", default=False):
         raise ValueError(f"{RATE_KEY} > 0 does not support {ROLLOUT}.enable_rollout_routing_replay")
+
+
+# verl 0.9.1 (the current stack): what runs there so far, and how the rest is refused.
+USE_V1_KEY = "trainer.use_v1"
+TRAINER_MODE_KEY = "trainer.v1.trainer_mode"
+CURRENT_TRAINER_MODES = ("sync", "colocate_async")  # separate_async overrides _compute_old_log_prob
+DEFAULT_LOOP_KEY = f"{ROLLOUT}.agent.default_agent_loop"
+MANAGED_LOOP = "entropy_managed_agent"
+
+
+def check_current_stack(config: Any, verl_version: str) -> RunFeatures:
+    """Refuse, at start-up, what treetune-verl does not run on verl 0.9.1 yet; the features on.
+
+    Rollout entropy runs on verl 0.9.1's default (V1) trainer in its ``sync`` and ``colocate_async`` modes; the
+    other features are refused naming the feature, the key and the version (their verl 0.7.1 seams have no target
+    on verl 0.9.1's engine-worker actor yet).
+
+    Raises:
+        ValueError: naming the refused feature's key and ``verl_version``.
+    """
+    features = RunFeatures.from_config(config, rollout_entropy=True)
+    default_loop = OmegaConf.select(config, DEFAULT_LOOP_KEY, default=None)
+    refused = {
+        f"over-sampling with abort ({ROLLOUT}.{RATE_KEY} > 0)": features.over_sample_rate > 0,
+        f"entropy steering ({STEERING_KEY})": features.steering.active,
+        f"the live entropy forecast ({FORECAST_SECTION})": features.forecast is not None,
+        f"managed agent sessions ({DEFAULT_LOOP_KEY}={MANAGED_LOOP})": default_loop == MANAGED_LOOP,
+    }
+    for feature, on in refused.items():
+        if on:
+            raise ValueError(
+                f"{feature} does not run on verl {verl_version} yet (treetune-verl runs it on verl 0.7.1; the "
+                "README's support table lists what runs where): turn it off, or install the pinned stack"
+            )
+    if not OmegaConf.select(config, USE_V1_KEY, default=True):
+        raise ValueError(
+            f"rollout entropy on verl {verl_version} runs in its default trainer: not {USE_V1_KEY}=false (verl's "
+            "deprecated RayPPOTrainer)"
+        )
+    mode = OmegaConf.select(config, TRAINER_MODE_KEY, default="sync")
+    if mode not in CURRENT_TRAINER_MODES:
+        raise ValueError(
+            f"rollout entropy on verl {verl_version} supports {TRAINER_MODE_KEY} in {CURRENT_TRAINER_MODES}; got "
+            f"{mode!r}"
+        )
+    return features

@@ -1,0 +1,92 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""verl 0.9.1: what the block selects before verl starts the servers, and what it refuses at start-up.
+
+Each command line is the e2e script's own (``E2E_PRINT_ARGS=1``) on the current stack, composed by Hydra from verl
+0.9.1's real ``ppo_trainer`` config. The server selection runs in verl's real ``LLMServerManager.__init__`` (wrapped
+by the actor entry point, as ``external_lib`` imports it in the trainer's process); ``__init__`` starts nothing (the
+servers start in ``create``), so no Ray is needed. The run that trains with it is
+``treetune_tests/e2e/test_e2e_current_stack_on_cpu.py``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import pytest
+
+from treetune_tests.e2e.script import run_script
+from treetune_tests.treetune_verl.trainer.test_features_on_cpu import _command_line, _compose
+from treetune_verl.trainer.features import check_current_stack
+
+pytestmark = pytest.mark.skipif(importlib.metadata.version("verl") != "0.9.1", reason="verl 0.9.1 (the current stack)")
+
+REFUSED = {  # feature -> words of its refusal
+    "over_sampling": "over-sampling with abort",
+    "forking_tokens": "entropy steering",
+    "advantage_shaping": "entropy steering",
+    "forecast": "the live entropy forecast",
+    "managed_agent": "managed agent sessions",
+}
+
+
+@pytest.fixture(scope="module")
+def process_setup():
+    import treetune_verl.trainer.actor_setup  # noqa: F401  (what external_lib does in each verl process)
+    from treetune_verl.trainer.v0_9_1 import process_setup
+
+    return process_setup
+
+
+def _manager(config):
+    from verl.workers.rollout.llm_server import LLMServerManager
+
+    return LLMServerManager(config, worker_group=object())
+
+
+def test_the_block_selects_the_entropy_server_for_the_policy_only(process_setup, tiny_model_dir, tmp_path):
+    from verl.workers.rollout.replica import get_rollout_replica_class
+
+    from treetune_verl.rollout.replica import EntropySGLangReplica
+
+    config = _compose(_command_line((), tiny_model_dir, tmp_path))
+    assert check_current_stack(config, "0.9.1").enabled == ["rollout_entropy"]
+    assert _manager(config).rollout_replica_class is EntropySGLangReplica
+    assert process_setup.server_selected()
+    # the reward model's and the teacher's replicas come from verl's registry, untouched
+    assert get_rollout_replica_class("sglang") is not EntropySGLangReplica
+    assert issubclass(EntropySGLangReplica, get_rollout_replica_class("sglang"))
+
+
+def test_a_run_without_the_block_keeps_verls_server(process_setup, tiny_model_dir, tmp_path):
+    from verl.workers.rollout.replica import get_rollout_replica_class
+
+    env = {"E2E_PRINT_ARGS": "1", "E2E_BLOCK": "0", "MODEL_PATH": str(tiny_model_dir), "E2E_WORKDIR": str(tmp_path)}
+    config = _compose(run_script(env, timeout=300).stdout.splitlines())  # the e2e script's stock arm
+    assert _manager(config).rollout_replica_class is get_rollout_replica_class("sglang")
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_features_not_on_verl_0_9_1_yet_are_refused_before_any_server(name, process_setup, tiny_model_dir, tmp_path):
+    config = _compose(_command_line((name,), tiny_model_dir, tmp_path))
+    with pytest.raises(ValueError, match=f"{REFUSED[name]} .* does not run on verl 0.9.1 yet"):
+        _manager(config)
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [("trainer.use_v1=false", "trainer.use_v1"), ("trainer.v1.trainer_mode=separate_async", "trainer.v1.trainer_mode")],
+)
+def test_trainers_the_seams_do_not_reach_are_refused(override, key, process_setup, tiny_model_dir, tmp_path):
+    config = _compose([*_command_line((), tiny_model_dir, tmp_path), override])
+    with pytest.raises(ValueError, match=key):
+        _manager(config)
+
+
+def test_the_manager_refuses_a_run_whose_servers_are_not_ours(process_setup, monkeypatch):
+    """Without the actor entry point verl's stock server would serve rows without entropy: refused by name."""
+    from treetune_verl.agent_loop import EntropyAgentLoopManager
+
+    monkeypatch.setattr(process_setup, "_SERVER_SELECTED", False)
+    with pytest.raises(ValueError, match="external_lib=treetune_verl.trainer.actor_setup"):
+        EntropyAgentLoopManager(None, None)

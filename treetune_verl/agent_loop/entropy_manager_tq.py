@@ -1,0 +1,37 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""verl 0.9.1's ``AgentLoopManagerTQ`` for the rollout-entropy block: what the block's manager class is on the current stack.
+
+verl 0.9.1's V1 trainer builds the servers before it loads this class, so the server is selected earlier, through
+``external_lib`` (``treetune_verl/trainer/v0_9_1/process_setup.py``), and the entropy reaches the trainer through the
+rows' ``extra_fields`` (the V1 seams build ``rollout_entropy`` there). This manager only refuses a run where that did
+not happen, before any rollout: without it the stock server would serve rows without entropy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from treetune_verl.trainer.features import ACTOR_SETUP_MODULE, EXTERNAL_LIB_KEY, MANAGER_KEY
+from treetune_verl.trainer.v0_9_1.process_setup import server_selected
+from treetune_verl.verl_guard import VERL_CURRENT
+
+VERL_CURRENT.require("V1 agent-loop manager")  # verl 0.7.1 has no V1 trainer: its manager is entropy_manager.py
+
+from verl.trainer.ppo.v1 import AgentLoopManagerTQ  # noqa: E402
+
+
+class EntropyAgentLoopManager(AgentLoopManagerTQ):
+    """verl's V1 agent-loop manager, refusing to run unless the policy's servers are the entropy servers.
+
+    Raises:
+        ValueError: ``external_lib`` does not name our entry point (naming both keys).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if not server_selected():
+            raise ValueError(
+                f"{MANAGER_KEY} on verl 0.9.1 needs {EXTERNAL_LIB_KEY}={ACTOR_SETUP_MODULE}: verl builds the "
+                "rollout servers before it loads the manager, and that module selects the entropy server then"
+            )
+        super().__init__(*args, **kwargs)

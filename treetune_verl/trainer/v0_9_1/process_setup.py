@@ -1,0 +1,108 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""verl 0.9.1: what ``treetune_verl.trainer.actor_setup`` installs in every process that builds verl's model config.
+
+verl 0.9.1's V1 trainer builds the rollout servers (``LLMServerManager.create`` in ``PPOTrainer._setup``,
+``trainer_base.py:372``) before it loads ``rollout.agent.agent_loop_manager_class`` (``main_ppo.py``
+``TaskRunnerV1.init_agent_loop_manager``), so our manager can no longer choose the server as it does on verl 0.7.1.
+The first code of ours that runs in the trainer's process before the servers is ``external_lib``: verl imports it
+in ``HFModelConfig.__post_init__`` (``workers/config/model.py:148``), which ``_setup`` runs first
+(``_init_tokenizer``), as do the agent-loop workers (``AgentLoopWorker.__init__``) and the engine workers.
+:func:`install` puts in place, in each of them:
+
+1. the entropy agent loops' names (:data:`LOOPS`) in verl's loop registry: the agent-loop workers look the
+   configured names up there (on verl 0.7.1 our worker imports the loops);
+2. one guarded wrap of ``LLMServerManager.__init__`` (``workers/rollout/llm_server.py:373``), which runs in the
+   trainer's process only: when the config selects rollout entropy (:func:`selects_rollout_entropy`), it refuses
+   what the current stack cannot run yet (``features.check_current_stack``), gives the policy's servers
+   ``EntropySGLangReplica`` through verl's own attribute for it (``rollout_replica_class``, "for recipe to
+   change"), and installs the V1 trainer's seams (``trainer_seams.py``). The reward model's and teacher's
+   replicas are built elsewhere (``get_rollout_replica_class``) and stay verl's; a run without the block is
+   untouched.
+
+Why not ``RolloutReplicaRegistry.register("sglang", ...)``: the reward model and the teacher share that entry, and a
+``verl.plugins`` entry point would run in every verl process of every user who has the package installed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from treetune_verl.patching import Wrap
+from treetune_verl.verl_guard import VERL_CURRENT, installed_verl_version
+
+__all__ = ["install", "selects_rollout_entropy", "server_selected"]
+
+# Signature the wrapper repeats: verl 0.9.1 workers/rollout/llm_server.py LLMServerManager.__init__.
+_LLM_SERVER_MANAGER_INIT_PARAMS = (
+    "self",
+    "config",
+    "worker_group",
+    "rollout_resource_pool",
+    "start_rank",
+    "load_balancer_cls",
+)
+
+# Registered by name, as verl's agent_loop_config_path entries are (``{"_target_": class path}``, instantiated by
+# Hydra in the agent-loop worker): the loops live in a later layer (treetune_verl.agent_loop) than this module.
+LOOPS = {
+    "entropy_single_turn_agent": "treetune_verl.agent_loop.entropy_single_turn_agent_loop.EntropySingleTurnAgentLoop",
+    "entropy_tool_agent": "treetune_verl.agent_loop.entropy_tool_agent_loop_v0_9_1.EntropyToolAgentLoop",
+}
+
+_SERVER_SELECTED = False  # set in the trainer's process once the policy's servers are ours (server_selected)
+
+
+def selects_rollout_entropy(config: Any) -> bool:
+    """Whether verl's whole trainer config runs our block (its manager class is ours)."""
+    from treetune_verl.trainer.features import MANAGER_CLASS, MANAGER_KEY
+
+    return OmegaConf.select(config, MANAGER_KEY, default=None) == MANAGER_CLASS
+
+
+def server_selected() -> bool:
+    """Whether this process built the policy's servers as ``EntropySGLangReplica`` (the trainer's, after the wrap)."""
+    return _SERVER_SELECTED
+
+
+def _select(config: Any) -> type:
+    """Refuse what cannot run, install the trainer's seams; the replica class for the policy's servers."""
+    global _SERVER_SELECTED
+    from treetune_verl.rollout.replica import EntropySGLangReplica
+    from treetune_verl.rollout.rollout_config import check_rollout_config
+    from treetune_verl.trainer.features import check_current_stack
+    from treetune_verl.trainer.v0_9_1 import trainer_seams
+
+    check_rollout_config(config.actor_rollout_ref.rollout)
+    check_current_stack(config, installed_verl_version())
+    trainer_seams.install()
+    _SERVER_SELECTED = True
+    return EntropySGLangReplica
+
+
+def _wrap_llm_server_manager_init(original):
+    def __init__(self, config, worker_group=None, rollout_resource_pool=None, start_rank=0, load_balancer_cls=None):
+        if selects_rollout_entropy(config) and not hasattr(self, "rollout_replica_class"):
+            self.rollout_replica_class = _select(config)
+        original(self, config, worker_group, rollout_resource_pool, start_rank, load_balancer_cls)
+
+    return __init__
+
+
+def install() -> None:
+    """Register the entropy loops and wrap ``LLMServerManager.__init__`` in this process (idempotent).
+
+    Raises:
+        UnsupportedVerlError: another verl version, or a changed signature of ``LLMServerManager.__init__``.
+    """
+    from verl.experimental.agent_loop import agent_loop
+    from verl.workers.rollout import llm_server
+
+    VERL_CURRENT.require("server selection")
+    VERL_CURRENT.wrap(
+        Wrap(llm_server.LLMServerManager, "__init__", _wrap_llm_server_manager_init, _LLM_SERVER_MANAGER_INIT_PARAMS)
+    )
+    for name, target in LOOPS.items():  # what verl's @register writes (agent_loop.py:475)
+        agent_loop._agent_loop_registry.setdefault(name, {"_target_": target})

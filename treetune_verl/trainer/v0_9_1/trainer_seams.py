@@ -1,0 +1,201 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""Every treetune hook in verl 0.9.1's V1 trainer process: one wrapper per seam, the features it runs in order.
+
+Installed by ``process_setup.py`` in the trainer's process once the run's config selects rollout entropy (before the
+servers start). Each seam is one method of the V1 base trainer ``PPOTrainer`` (``verl/trainer/ppo/v1/
+trainer_base.py``), wrapped through ``treetune_verl.patching`` (idempotent, guarded by verl's version and the exact
+signature). verl 0.9.1 offers ``register_trainer`` for a trainer of one's own, but its registry is read before any
+code of ours runs in that process (``main_ppo.py`` ``TaskRunnerV1.run``), short of a ``verl.plugins`` entry point
+that every verl process of every user would import (spec):
+
+==============================================  =================================================================
+seam                                            what runs after verl's own, in order
+==============================================  =================================================================
+``PPOTrainer._compute_old_log_prob``            1. rollout entropy: ``rollout_entropy`` / ``has_rollout_entropy``
+(``trainer_base.py:1634``; the actor's             into TransferQueue for every row of the step, built from the
+``entropy`` is in TransferQueue after it)          rows' ``extra_fields`` (``entropy_rows.py``), and its metrics;
+                                                2. the agreement ``rollout_entropy/actor_abs_diff/{mean,max}``
+                                                   against the actor's ``entropy`` of the same tokens, when defined
+``PPOTrainer._validate`` (``:1031``)            1. rollout entropy of every validation row it sampled:
+                                                   ``val-aux/rollout_entropy/...``
+``PPOTrainer._compute_metrics`` (``:1868``)     1. every feature's seconds in our code this step
+                                                   (``timing_s/treetune/*``, ``treetune/share_of_step``)
+==============================================  =================================================================
+
+Metric names are the pinned stack's (``timing_s/agent_loop/rollout_entropy/{mean,p50,p90,max,rows_without_entropy}``
+there comes through verl 0.7.1's generation timing dict; ``val-aux/rollout_entropy/...``), so dashboards and checks
+read both stacks alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from treetune_verl.batch_keys import HAS_ROLLOUT_ENTROPY_KEY, ROLLOUT_ENTROPY_KEY
+from treetune_verl.patching import Wrap, swapped
+from treetune_verl.timing import ROLLOUT_ENTROPY, SECONDS, TRAINER_HOOKS, step_metrics
+from treetune_verl.trainer.metrics import actor_agreement_metrics, rollout_entropy_metrics
+from treetune_verl.trainer.trainer_seams import agreement_is_defined
+from treetune_verl.trainer.v0_9_1.entropy_rows import rollout_entropy_rows
+from treetune_verl.verl_guard import VERL_CURRENT
+
+__all__ = ["install"]
+
+ACTOR_ENTROPY_KEY = "entropy"  # the V1 trainer's name for the actor's per-token entropy (trainer_base.py:1669)
+PADDING_TAG = "is_padding"  # rows verl adds to fill the batch (verl/trainer/ppo/padding_utils.py)
+TRAINING_PREFIX = "timing_s/"  # the pinned stack's names (module docstring)
+VALIDATION_PREFIX = "val-aux/"
+
+# Signatures the wrappers repeat: verl 0.9.1 trainer/ppo/v1/trainer_base.py.
+_COMPUTE_OLD_LOG_PROB_PARAMS = ("self", "batch", "metrics")
+_VALIDATE_PARAMS = ("self",)
+_COMPUTE_METRICS_PARAMS = ("self", "batch", "metrics", "timing_raw", "global_steps", "epoch")
+
+
+def _padded(rows: list[torch.Tensor]) -> torch.Tensor:
+    """``[B, max R_i]`` from per-row ``[R_i]`` tensors, right-padded with 0."""
+    return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
+
+
+def _rows(tensor: Any) -> list[torch.Tensor]:
+    """Per-row tensors of a TransferQueue field (jagged nested, or dense when every row has one length)."""
+    return list(tensor.unbind(0))
+
+
+def read_rollout_entropy(batch: Any) -> tuple[list[dict[str, torch.Tensor]], list[torch.Tensor]]:
+    """Every row's ``rollout_entropy`` / ``has_rollout_entropy`` (``entropy_rows.py``) and ``response_mask``, read
+    from TransferQueue for ``batch`` (a ``KVBatchMeta``)."""
+    import transfer_queue as tq
+
+    fields = ["extra_fields", "response_mask"]
+    data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+    masks = _rows(data["response_mask"])
+    padding = [bool(tag.get(PADDING_TAG, False)) for tag in batch.tags]
+    extra_fields = data.pop("extra_fields").tolist()  # as verl reads it (trainer_base.py _compute_metrics)
+    return rollout_entropy_rows(batch.keys, extra_fields, masks, padding), masks
+
+
+def put_rollout_entropy(batch: Any, rows: list[dict[str, torch.Tensor]]) -> None:
+    """Write the rows' two fields to TransferQueue, for the seams after this one; ``batch.fields`` then names them."""
+    import transfer_queue as tq
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    fields = list_of_dict_to_tensordict(rows)
+    written = tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
+    batch.fields = written.fields
+
+
+def entropy_metrics(rows: list[dict[str, torch.Tensor]], masks: list[torch.Tensor]) -> dict[str, float]:
+    """:func:`rollout_entropy_metrics` of built rows (``agent_loop/rollout_entropy/...``)."""
+    has = torch.stack([row[HAS_ROLLOUT_ENTROPY_KEY] for row in rows])
+    entropy = _padded([row[ROLLOUT_ENTROPY_KEY] for row in rows])
+    return rollout_entropy_metrics(entropy, _padded(masks), has)
+
+
+def _wrap_compute_old_log_prob(original):
+    def _compute_old_log_prob(self, batch, metrics):
+        batch = original(self, batch, metrics)
+        # 1. rollout entropy into TransferQueue, and its metrics
+        with SECONDS.timed(ROLLOUT_ENTROPY):
+            rows, masks = read_rollout_entropy(batch)
+            put_rollout_entropy(batch, rows)
+            metrics.update({TRAINING_PREFIX + key: value for key, value in entropy_metrics(rows, masks).items()})
+        # 2. agreement with the actor's entropy of the same tokens (absent in bypass mode: no actor pass)
+        with SECONDS.timed(TRAINER_HOOKS):
+            if ACTOR_ENTROPY_KEY in (batch.fields or ()) and agreement_is_defined(
+                self.config.actor_rollout_ref.rollout
+            ):
+                metrics.update(_agreement(batch, rows, masks))
+        return batch
+
+    return _compute_old_log_prob
+
+
+def _agreement(batch: Any, rows: list[dict[str, torch.Tensor]], masks: list[torch.Tensor]) -> dict[str, float]:
+    import transfer_queue as tq
+
+    actor = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=[ACTOR_ENTROPY_KEY])
+    return actor_agreement_metrics(
+        _padded([row[ROLLOUT_ENTROPY_KEY] for row in rows]),
+        _padded(_rows(actor[ACTOR_ENTROPY_KEY])),
+        _padded(masks),
+        torch.stack([row[HAS_ROLLOUT_ENTROPY_KEY] for row in rows]),
+    )
+
+
+class _ValidationTap:
+    """Stands in for the trainer's replay buffer during ``_validate``: keeps the built entropy rows of every
+    validation batch it samples (verl clears them from TransferQueue before ``_validate`` returns)."""
+
+    def __init__(self, replay_buffer: Any) -> None:
+        self._replay_buffer = replay_buffer
+        self.rows: list[dict[str, torch.Tensor]] = []
+        self.masks: list[torch.Tensor] = []
+
+    def sample(self, *args: Any, **kwargs: Any) -> Any:
+        batch, sample_metrics = self._replay_buffer.sample(*args, **kwargs)
+        with SECONDS.timed(TRAINER_HOOKS):
+            rows, masks = read_rollout_entropy(batch)
+            self.rows += rows
+            self.masks += masks
+        return batch, sample_metrics
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._replay_buffer, name)
+
+
+@contextlib.contextmanager
+def _tapped_replay_buffer(trainer: Any) -> Iterator[_ValidationTap]:
+    tap = _ValidationTap(trainer.replay_buffer)
+    with swapped(trainer, "replay_buffer", tap):
+        yield tap
+
+
+def _wrap_validate(original):
+    def _validate(self):
+        with _tapped_replay_buffer(self) as tap:
+            val_metrics = original(self)
+        # 1. rollout entropy of the validation rows
+        if tap.rows:
+            with SECONDS.timed(TRAINER_HOOKS):
+                metrics = entropy_metrics(tap.rows, tap.masks)
+                val_metrics.update(
+                    {VALIDATION_PREFIX + key.removeprefix("agent_loop/"): v for key, v in metrics.items()}
+                )
+        return val_metrics
+
+    return _validate
+
+
+def _wrap_compute_metrics(original):
+    def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
+        result = original(self, batch, metrics, timing_raw, global_steps, epoch)
+        # 1. every feature's seconds in our code since the last step's (timing.py)
+        metrics.update(step_metrics(SECONDS.take(), timing_raw.get("step")))
+        return result
+
+    return _compute_metrics
+
+
+def install() -> None:
+    """Install the V1 trainer's seams in this process (idempotent).
+
+    Raises:
+        UnsupportedVerlError: another verl version, or a changed signature of a wrapped method.
+    """
+    from verl.trainer.ppo.v1 import trainer_base
+
+    VERL_CURRENT.require("V1 trainer hooks")
+    trainer = trainer_base.PPOTrainer
+    VERL_CURRENT.wrap(
+        Wrap(trainer, "_compute_old_log_prob", _wrap_compute_old_log_prob, _COMPUTE_OLD_LOG_PROB_PARAMS),
+        Wrap(trainer, "_validate", _wrap_validate, _VALIDATE_PARAMS),
+        Wrap(trainer, "_compute_metrics", _wrap_compute_metrics, _COMPUTE_METRICS_PARAMS),
+    )
