@@ -7,7 +7,8 @@ with the tiny random Qwen2.
 Runs ``test_entropy_e2e.sh`` (``make e2e STACK=current``), which checks every step's metrics itself (rollout entropy,
 the agreement with the actor's entropy of the same tokens <= 1e-3 nats, verl's rollout-vs-actor probabilities, our
 seconds per feature), and re-reads its ``metrics.jsonl``; with validation before training and at every step (its
-rollout entropy: ``val-aux/rollout_entropy/...``). About 2 minutes on 2 cores. Output:
+rollout entropy: ``val-aux/rollout_entropy/...``) and forking tokens (``pg_token_quantile=0.2``: the kept share, the
+kept tokens' entropy above the dropped ones'). About 2 minutes on 2 cores. Output:
 ``outputs/e2e-current-tiny/``.
 """
 
@@ -51,14 +52,16 @@ def test_the_block_names_the_actor_entry_point_on_verl_0_9_1(tmp_path):
 @pytest.mark.e2e
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU variant; on a GPU run the script directly")
 def test_rollout_entropy_block_in_verl_0_9_1_grpo_two_steps_on_cpu():
-    env = {"E2E_MODEL": "tiny", "E2E_STEPS": "2", "E2E_WORKDIR": str(WORKDIR)}
+    # forking tokens too (the top 20 % of tokens by rollout entropy carry the policy gradient): trainer-side steering
+    env = {"E2E_MODEL": "tiny", "E2E_STEPS": "2", "E2E_WORKDIR": str(WORKDIR), "E2E_PG_TOKEN_QUANTILE": "0.2"}
     validation = ("trainer.val_before_train=True", "trainer.test_freq=1")  # the full variant's, without its ref model
     result = run_training(env, *validation, timeout=1200)  # exit 0, nothing of the trainer's session left
     assert "OK: 2 step(s)" in result.stdout
 
     steps = read_steps(WORKDIR / "metrics.jsonl")
     assert [s["step"] for s in steps] == [0, 1, 2]  # validation before training, then 2 trained steps
-    assert check(steps, min_steps=2, max_probs_diff=1e-3, min_pearson=0.999, max_entropy_diff=1e-3, val=True) == []
+    bounds = {"max_probs_diff": 1e-3, "min_pearson": 0.999, "max_entropy_diff": 1e-3}
+    assert check(steps, min_steps=2, val=True, pg_token_quantile=0.2, **bounds) == []
     steps = steps[1:]
     for metrics in steps:
         assert math.isfinite(metrics[PG_LOSS]) and metrics[GRAD_NORM] > 0

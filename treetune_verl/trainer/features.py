@@ -176,9 +176,10 @@ MANAGED_LOOP = "entropy_managed_agent"
 def check_current_stack(config: Any, verl_version: str) -> RunFeatures:
     """Refuse, at start-up, what treetune-verl does not run on verl 0.9.1 yet; the features on.
 
-    Rollout entropy runs on verl 0.9.1's default (V1) trainer in its ``sync`` and ``colocate_async`` modes; the
-    other features are refused naming the feature, the key and the version (their verl 0.7.1 seams have no target
-    on verl 0.9.1's engine-worker actor yet).
+    Rollout entropy and entropy steering (forking tokens, advantage shaping: trainer-side only) run on verl 0.9.1's
+    default (V1) trainer in its ``sync`` and ``colocate_async`` modes; the other features are refused naming the
+    feature, the key and the version (their verl 0.7.1 seams have no target on verl 0.9.1's engine-worker actor
+    yet).
 
     Raises:
         ValueError: naming the refused feature's key and ``verl_version``.
@@ -187,7 +188,6 @@ def check_current_stack(config: Any, verl_version: str) -> RunFeatures:
     default_loop = OmegaConf.select(config, DEFAULT_LOOP_KEY, default=None)
     refused = {
         f"over-sampling with abort ({ROLLOUT}.{RATE_KEY} > 0)": features.over_sample_rate > 0,
-        f"entropy steering ({STEERING_KEY})": features.steering.active,
         f"the live entropy forecast ({FORECAST_SECTION})": features.forecast is not None,
         f"managed agent sessions ({DEFAULT_LOOP_KEY}={MANAGED_LOOP})": default_loop == MANAGED_LOOP,
     }

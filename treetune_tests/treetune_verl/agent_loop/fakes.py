@@ -27,9 +27,8 @@ import numpy as np
 import torch
 from verl.interactions.base import BaseInteraction
 from verl.protocol import DataProto
-from verl.tools.base_tool import BaseTool
-from verl.tools.schemas import ToolResponse
 
+from treetune_tests.treetune_verl.agent_loop.tool_fakes import TOOL_CONFIG, AddTool  # noqa: F401  (re-exported)
 from treetune_tests.treetune_verl.verl_config import compose_ppo_trainer
 from treetune_verl.agent_loop.entropy_single_turn_agent_loop import EntropySingleTurnAgentLoop
 from treetune_verl.rollout.token_output import EntropyTokenOutput
@@ -102,14 +101,6 @@ class FakeEntropyServer:
         )
 
 
-class AddTool(BaseTool):
-    """``add(a, b, pad=0)`` -> ``"sum=<a+b>"`` followed by ``pad`` characters (to overflow the response)."""
-
-    async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any):
-        total = int(parameters["a"]) + int(parameters["b"])
-        return ToolResponse(text=f"sum={total}" + "x" * int(parameters.get("pad", 0))), 0.5, {}
-
-
 class ScriptedInteraction(BaseInteraction):
     """A user who says "Please continue." once, then "Done." and ends the conversation."""
 
@@ -123,32 +114,6 @@ class ScriptedInteraction(BaseInteraction):
         if turn == 0:
             return False, "Please continue.", 0.25, {}
         return True, "Done.", 1.0, {}
-
-
-TOOL_CONFIG = {
-    "tools": [
-        {
-            "class_name": f"{__name__}.AddTool",
-            "config": {"type": "native"},
-            "tool_schema": {
-                "type": "function",
-                "function": {
-                    "name": "add",
-                    "description": "Add two integers.",
-                    "parameters": {
-                        "type": "object",
-                        "properties": {
-                            "a": {"type": "integer", "description": "first"},
-                            "b": {"type": "integer", "description": "second"},
-                            "pad": {"type": "integer", "description": "extra characters"},
-                        },
-                        "required": ["a", "b"],
-                    },
-                },
-            },
-        }
-    ]
-}
 
 
 class SlowInteraction(ScriptedInteraction):

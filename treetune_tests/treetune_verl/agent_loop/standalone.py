@@ -26,7 +26,6 @@ import ray
 import torch
 from omegaconf import open_dict
 
-from treetune_tests.treetune_verl.agent_loop.fakes import compose_config
 from treetune_verl.sglang.engine import CPU_ENGINE_KWARGS
 
 PROMPT_LENGTH, RESPONSE_LENGTH = 64, 128
@@ -71,6 +70,8 @@ def teacher_forced(model, prompt: list[int], response: list[int]) -> tuple[torch
 
 
 def standalone_config(model_path: Path, workdir: Path):
+    from treetune_tests.treetune_verl.agent_loop.fakes import compose_config  # verl 0.7.1 (its interactions)
+
     config = compose_config(
         model_path,
         workdir,

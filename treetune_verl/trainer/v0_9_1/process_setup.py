@@ -76,8 +76,8 @@ def _select(config: Any) -> type:
     from treetune_verl.trainer.v0_9_1 import trainer_seams
 
     check_rollout_config(config.actor_rollout_ref.rollout)
-    check_current_stack(config, installed_verl_version())
-    trainer_seams.install()
+    features = check_current_stack(config, installed_verl_version())
+    trainer_seams.install(features)
     _SERVER_SELECTED = True
     return EntropySGLangReplica
 

@@ -17,6 +17,9 @@ seam                                            what runs after verl's own, in o
 ``entropy`` is in TransferQueue after it)          rows' ``extra_fields`` (``entropy_rows.py``), and its metrics;
                                                 2. the agreement ``rollout_entropy/actor_abs_diff/{mean,max}``
                                                    against the actor's ``entropy`` of the same tokens, when defined
+``PPOTrainer._compute_advantage`` (``:1743``;    1. steering: entropy-shaped advantage, then the forking-token mask
+the advantages are in TransferQueue after it)      (``ppo/entropy_advantage.py``, one threshold for the batch's real
+                                                   rows; verl's padding rows keep theirs)
 ``PPOTrainer._validate`` (``:1031``)            1. rollout entropy of every validation row it sampled:
                                                    ``val-aux/rollout_entropy/...``
 ``PPOTrainer._compute_metrics`` (``:1868``)     1. every feature's seconds in our code this step
@@ -32,13 +35,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 
 from treetune_verl.batch_keys import HAS_ROLLOUT_ENTROPY_KEY, ROLLOUT_ENTROPY_KEY
 from treetune_verl.patching import Wrap, swapped
-from treetune_verl.timing import ROLLOUT_ENTROPY, SECONDS, TRAINER_HOOKS, step_metrics
+from treetune_verl.ppo.entropy_advantage import steer_advantages
+from treetune_verl.timing import ROLLOUT_ENTROPY, SECONDS, STEERING, TRAINER_HOOKS, step_metrics
+from treetune_verl.trainer.features import RunFeatures
 from treetune_verl.trainer.metrics import actor_agreement_metrics, rollout_entropy_metrics
 from treetune_verl.trainer.trainer_seams import agreement_is_defined
 from treetune_verl.trainer.v0_9_1.entropy_rows import rollout_entropy_rows
@@ -53,6 +59,7 @@ VALIDATION_PREFIX = "val-aux/"
 
 # Signatures the wrappers repeat: verl 0.9.1 trainer/ppo/v1/trainer_base.py.
 _COMPUTE_OLD_LOG_PROB_PARAMS = ("self", "batch", "metrics")
+_COMPUTE_ADVANTAGE_PARAMS = ("self", "batch", "metrics")
 _VALIDATE_PARAMS = ("self",)
 _COMPUTE_METRICS_PARAMS = ("self", "batch", "metrics", "timing_raw", "global_steps", "epoch")
 
@@ -128,6 +135,39 @@ def _agreement(batch: Any, rows: list[dict[str, torch.Tensor]], masks: list[torc
     )
 
 
+def _wrap_compute_advantage(original):
+    def _compute_advantage(self, batch, metrics):
+        batch = original(self, batch, metrics)
+        # 1. steering: advantages reshaped from rollout_entropy (no extra forward pass)
+        if _FEATURES.steering.active:
+            with SECONDS.timed(STEERING):
+                metrics.update(_steer(batch))
+        return batch
+
+    return _compute_advantage
+
+
+def _steer(batch: Any) -> dict[str, float]:
+    """:func:`steer_advantages` over the real rows of ``batch`` (padded ``[B, R]`` views of its TransferQueue
+    fields), the advantages written back per row as verl writes them; the step's metrics."""
+    import transfer_queue as tq
+    from tensordict import TensorDict
+    from verl.workers.utils.padding import response_to_nested
+
+    fields = ["response_mask", "advantages", ROLLOUT_ENTROPY_KEY, HAS_ROLLOUT_ENTROPY_KEY]
+    data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+    response_mask = data["response_mask"]
+    padded = data.to_padded_tensor()
+    real = torch.tensor([not tag.get(PADDING_TAG, False) for tag in batch.tags])
+    view = SimpleNamespace(batch={field: padded[field][real] for field in fields})
+    metrics = steer_advantages(view, _FEATURES.steering)
+    advantages = padded["advantages"].clone()
+    advantages[real] = view.batch["advantages"]
+    written = TensorDict({"advantages": response_to_nested(advantages, response_mask)}, batch_size=len(batch))
+    tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=written)
+    return metrics
+
+
 class _ValidationTap:
     """Stands in for the trainer's replay buffer during ``_validate``: keeps the built entropy rows of every
     validation batch it samples (verl clears them from TransferQueue before ``_validate`` returns)."""
@@ -184,18 +224,25 @@ def _wrap_compute_metrics(original):
     return _compute_metrics
 
 
-def install() -> None:
-    """Install the V1 trainer's seams in this process (idempotent).
+# The run's features, from the trainer's config (install); a process trains one run.
+_FEATURES = RunFeatures()
+
+
+def install(features: RunFeatures) -> None:
+    """Install the V1 trainer's seams in this process (idempotent) and run them with ``features`` (the latest call's).
 
     Raises:
         UnsupportedVerlError: another verl version, or a changed signature of a wrapped method.
     """
     from verl.trainer.ppo.v1 import trainer_base
 
+    global _FEATURES
     VERL_CURRENT.require("V1 trainer hooks")
     trainer = trainer_base.PPOTrainer
     VERL_CURRENT.wrap(
         Wrap(trainer, "_compute_old_log_prob", _wrap_compute_old_log_prob, _COMPUTE_OLD_LOG_PROB_PARAMS),
+        Wrap(trainer, "_compute_advantage", _wrap_compute_advantage, _COMPUTE_ADVANTAGE_PARAMS),
         Wrap(trainer, "_validate", _wrap_validate, _VALIDATE_PARAMS),
         Wrap(trainer, "_compute_metrics", _wrap_compute_metrics, _COMPUTE_METRICS_PARAMS),
     )
+    _FEATURES = features

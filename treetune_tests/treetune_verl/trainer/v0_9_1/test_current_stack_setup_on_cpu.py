@@ -23,8 +23,6 @@ pytestmark = pytest.mark.skipif(importlib.metadata.version("verl") != "0.9.1", r
 
 REFUSED = {  # feature -> words of its refusal
     "over_sampling": "over-sampling with abort",
-    "forking_tokens": "entropy steering",
-    "advantage_shaping": "entropy steering",
     "forecast": "the live entropy forecast",
     "managed_agent": "managed agent sessions",
 }
@@ -73,6 +71,14 @@ def test_features_not_on_verl_0_9_1_yet_are_refused_before_any_server(name, proc
         _manager(config)
 
 
+@pytest.mark.parametrize("name", ["forking_tokens", "advantage_shaping"])
+def test_steering_starts_on_verl_0_9_1(name, process_setup, tiny_model_dir, tmp_path):
+    """Forking tokens and advantage shaping run in the trainer's process (the V1 seam after _compute_advantage)."""
+    config = _compose(_command_line((name,), tiny_model_dir, tmp_path))
+    assert check_current_stack(config, "0.9.1").enabled == ["rollout_entropy", "steering"]
+    _manager(config)  # not refused
+
+
 @pytest.mark.parametrize(
     ("override", "key"),
     [("trainer.use_v1=false", "trainer.use_v1"), ("trainer.v1.trainer_mode=separate_async", "trainer.v1.trainer_mode")],
@@ -90,3 +96,11 @@ def test_the_manager_refuses_a_run_whose_servers_are_not_ours(process_setup, mon
     monkeypatch.setattr(process_setup, "_SERVER_SELECTED", False)
     with pytest.raises(ValueError, match="external_lib=treetune_verl.trainer.actor_setup"):
         EntropyAgentLoopManager(None, None)
+
+
+def test_the_generation_jobs_verl_backend_is_refused_before_any_work(tmp_path):
+    from treetune_verl.generation.config import resolve_config
+
+    with pytest.raises(ValueError, match="backend=verl .* does not run on verl 0.9.1 yet"):
+        resolve_config({"backend": "verl", "output": {"dir": str(tmp_path)}})
+    assert resolve_config({"backend": "engine", "output": {"dir": str(tmp_path)}}).backend == "engine"
