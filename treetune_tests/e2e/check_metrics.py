@@ -33,7 +33,7 @@ Variant checks (``E2E_VARIANT=full|resume`` of ``test_entropy_e2e.sh``):
   is in ``[Q, Q + 0.05]`` (ties at the threshold are kept), the threshold is logged, and the kept tokens' mean rollout
   entropy is above the dropped ones'.
 - ``--same-generations A B``: two validation dumps (``trainer.validation_data_dir``, ``<step>.jsonl``) hold the same
-  greedy generations (a resumed run's validation before training against the saved run's validation of the saved
+  greedy generations in any order (a resumed run's validation before training against the saved run's validation of the saved
   step: the loaded weights are the saved ones).
 
     python -m treetune_tests.e2e.check_metrics outputs/e2e/metrics.jsonl --min-steps 2 [--json summary.json]
@@ -256,7 +256,8 @@ def read_generations(path: Path) -> list[dict]:
 
 
 def same_generations(a: Path, b: Path) -> list[str]:
-    """Errors unless the two dumps hold the same (input, output) pairs in the same order."""
+    """Errors unless the two dumps hold the same (input, output) pairs, in any order (verl 0.9.1 orders its dump by
+    each row's random uid; 0.7.1 by the dataset); rows are reported by their position in input order."""
     errors = []
     for path in (a, b):
         if not Path(path).exists():
@@ -264,8 +265,8 @@ def same_generations(a: Path, b: Path) -> list[str]:
     if errors:
         return errors
     rows_a, rows_b = read_generations(a), read_generations(b)
-    pairs_a = [(row["input"], row["output"]) for row in rows_a]
-    pairs_b = [(row["input"], row["output"]) for row in rows_b]
+    pairs_a = sorted((row["input"], row["output"]) for row in rows_a)
+    pairs_b = sorted((row["input"], row["output"]) for row in rows_b)
     if len(pairs_a) != len(pairs_b) or not pairs_a:
         return [f"{a}: {len(pairs_a)} generations, {b}: {len(pairs_b)}"]
     differing = [i for i, (x, y) in enumerate(zip(pairs_a, pairs_b, strict=True)) if x != y]

@@ -227,11 +227,13 @@ if [[ "$DEVICE" == cpu ]]; then
         # verl 0.9.1 (treetune_specs/2026-11-24-current-stack-trainer.md): the `cpu` platform of
         # tools/cpu_shims/verl_cpu/cpu_platform.py makes the bundles {"CPU": 1}, so no custom resource; 8 CPUs per
         # process leave room for TransferQueue's storage units (num_cpus=1 each, 8 by default: one is enough here);
-        # FSDP's mixed precision is bf16 unless given (transformer_impl.py), whatever fsdp_config.dtype says; sglang
+        # FSDP's mixed precision is bf16 unless given (transformer_impl.py), whatever fsdp_config.dtype says, for the
+        # actor and the reference model alike (a bf16 reference gives a KL of ~2e-4 at step 1); sglang
         # 0.5.12's piecewise CUDA graph runner needs torch.cuda (treetune_verl/sglang/engine.py:cpu_engine_kwargs).
         ARGS+=(
             transfer_queue.backend.SimpleStorage.num_data_storage_units=1
             '++actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}'
+            '++actor_rollout_ref.ref.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}'
             +actor_rollout_ref.rollout.engine_kwargs.sglang.disable_piecewise_cuda_graph=True
         )
     fi

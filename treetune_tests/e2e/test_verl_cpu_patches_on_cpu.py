@@ -29,6 +29,11 @@ from verl_cpu._guard import MARK, PatchError  # noqa: E402
 PATCH_MODULES = sorted({name for names in hook.PATCHES.values() for name in names})
 VERL = importlib.metadata.version("verl")
 pinned_only = pytest.mark.skipif(VERL != "0.7.1", reason="verl 0.7.1's fsdp_workers (the pinned stack)")
+# Where each verl builds the reference model's FSDP2 offload policy (offload_pin_memory replaces that module's global).
+OFFLOAD_BUILDER = {
+    "0.7.1": ("verl.workers.fsdp_workers", "ActorRolloutRefWorker", "_build_model_optimizer"),
+    "0.9.1": ("verl.workers.engine.fsdp.transformer_impl", "FSDPEngine", "_build_fsdp_module"),
+}[VERL]
 current_only = pytest.mark.skipif(VERL != "0.9.1", reason="verl 0.9.1's platform registry (the current stack)")
 
 
@@ -328,16 +333,16 @@ def test_marks_are_set_on_stand_ins():
     assert all(getattr(f, MARK) == "torch_cpu_memory" for f in torch_cpu_memory.STAND_INS)
 
 
-@pinned_only
 def test_offload_pin_memory_lets_verl_build_an_offloaded_fsdp2_model_on_cpu():
     """The reference model's path: verl's ``fsdp2_load_full_state_dict`` on an FSDP2 module with the offload policy
-    ``fsdp_workers`` builds it with. torch's ``CPUOffloadPolicy(pin_memory=True)`` fails on CPU; the patched name
+    verl builds it with (0.7.1: ``fsdp_workers``; 0.9.1: the FSDP engine's module). torch's ``CPUOffloadPolicy(pin_memory=True)`` fails on CPU; the patched name
     gives ``pin_memory=False``, is still torch's class, and the sharded model computes what the plain one does."""
     out = _run(
         """
         import datetime, json, socket
         import torch, torch.distributed as dist
-        import verl.workers.fsdp_workers as fsdp_workers  # -> offload_pin_memory
+        import importlib
+        fsdp_workers = importlib.import_module("BUILDER_MODULE")  # -> offload_pin_memory
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy as TorchPolicy, fully_shard
         from verl.utils.fsdp_utils import fsdp2_load_full_state_dict
@@ -378,8 +383,9 @@ def test_offload_pin_memory_lets_verl_build_an_offloaded_fsdp2_model_on_cpu():
             "equal": torch.allclose(got, expected, atol=1e-6), "idempotent": fsdp_workers.CPUOffloadPolicy is before,
         }))
         dist.destroy_process_group()
-        """,
+        """.replace("BUILDER_MODULE", OFFLOAD_BUILDER[0]),
         switch=True,
+        VERL_PLATFORM="cpu",  # verl 0.9.1's fsdp_utils asks the platform for the device (the e2e script sets it)
     )
     assert "Cannot access accelerator device when none is available" in out.pop("unpatched")
     assert out == {
@@ -392,11 +398,12 @@ def test_offload_pin_memory_lets_verl_build_an_offloaded_fsdp2_model_on_cpu():
     }
 
 
-@pinned_only
 def test_offload_pin_memory_guards(monkeypatch):
-    import verl.workers.fsdp_workers as fsdp_workers
     from torch.distributed.fsdp import CPUOffloadPolicy
     from verl_cpu import offload_pin_memory
+
+    module, owner, method = OFFLOAD_BUILDER
+    fsdp_workers = importlib.import_module(module)
 
     class Policy:
         def __init__(self, pin_memory=True):
@@ -407,7 +414,7 @@ def test_offload_pin_memory_guards(monkeypatch):
         offload_pin_memory.apply(fsdp_workers)
     assert fsdp_workers.CPUOffloadPolicy is Policy
     monkeypatch.setattr(fsdp_workers, "CPUOffloadPolicy", CPUOffloadPolicy)
-    monkeypatch.setattr(fsdp_workers.ActorRolloutRefWorker, "_build_model_optimizer", lambda self, model_path: None)
+    monkeypatch.setattr(getattr(fsdp_workers, owner), method, lambda self, model_path: None)
     with pytest.raises(PatchError, match="parameters .* the patch was written for"):
         offload_pin_memory.apply(fsdp_workers)
     assert fsdp_workers.CPUOffloadPolicy is CPUOffloadPolicy

@@ -24,9 +24,9 @@ patch module            target module (applied after it)    upstream code it wor
                                                             ``file_system`` strategy between unrelated processes
 ``sglang_reduce``       ``sglang.srt.utils.patch_torch``    ``_reduce_tensor_modified`` indexes the CUDA reduce
                                                             tuple (``IndexError`` for a CPU tensor)
-``offload_pin_memory``  ``verl.workers.fsdp_workers``       0.7.1 only: the reference model's FSDP2
-                                                            ``CPUOffloadPolicy`` pins memory, which needs an
-                                                            accelerator (``RuntimeError``)
+``offload_pin_memory``  ``verl.workers.fsdp_workers``       the reference model's FSDP2 ``CPUOffloadPolicy``
+                        (0.7.1), ``verl.workers.engine.     pins memory, which needs an accelerator
+                        fsdp.transformer_impl`` (0.9.1)     (``RuntimeError``)
 ======================  ==================================  =====================================================
 
 Nothing here is part of the ``treetune_verl`` package. ``tools/cpu_env/setup.sh`` (CPU setup only; a GPU install never

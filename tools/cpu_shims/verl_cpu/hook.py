@@ -32,6 +32,7 @@ PATCHES_BY_VERL: dict[str, dict[str, tuple[str, ...]]] = {
         "verl.plugin.platform.platform_manager": ("verl_cpu.cpu_platform",),
         "verl.utils.device": ("verl_cpu.torch_cpu_memory",),
         "verl.utils.distributed": ("verl_cpu.dist_backend",),
+        "verl.workers.engine.fsdp.transformer_impl": ("verl_cpu.offload_pin_memory",),
         "sglang.srt.server_args": ("verl_cpu.sglang_device",),
         "sglang.srt.utils.common": ("verl_cpu.sharing_strategy",),
         "sglang.srt.utils.patch_torch": ("verl_cpu.sglang_reduce",),

@@ -2,6 +2,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """Patch 6: FSDP2 CPU offload without pinned memory (the reference model on CPU).
 
+verl 0.9.1: the same, in the engine worker: ``verl/workers/engine/fsdp/transformer_impl.py``
+``FSDPEngine._build_fsdp_module`` (lines 450-463) wraps every forward-only engine (the reference model) and any with
+``offload_policy`` in ``CPUOffloadPolicy(pin_memory=True)``, looked up as that module's global (imported from
+``verl.utils.fsdp_utils``); the replacement below goes there.
+
 Upstream: ``verl/workers/fsdp_workers.py`` (verl 0.7.1), ``ActorRolloutRefWorker._build_model_optimizer``
 (lines 615-636). With ``actor.strategy=fsdp2`` every role but the actor is wrapped with
 ``CPUOffloadPolicy(pin_memory=True)`` unconditionally (line 625, "We force reference policy to use CPUOffload to save
@@ -20,12 +25,20 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from verl_cpu._guard import MARK, PatchError, is_patched, require_cpu_only, require_signature, require_versions
+from verl_cpu._guard import (
+    MARK,
+    PatchError,
+    installed_version,
+    is_patched,
+    require_cpu_only,
+    require_signature,
+    require_versions,
+)
 
 PATCH = "offload_pin_memory"
-SUPPORTED = {"verl": ("0.7.1",), "torch": ("2.13.0",)}
+SUPPORTED = {"verl": ("0.7.1", "0.9.1"), "torch": ("2.13.0",)}
 POLICY_INIT_PARAMETERS = ("self", "pin_memory")
-BUILD_PARAMETERS = (
+BUILD_PARAMETERS_0_7_1 = (
     "self",
     "model_path",
     "fsdp_config",
@@ -42,20 +55,32 @@ BUILD_PARAMETERS = (
     "use_tiled_mlp",
     "tiled_mlp_shards",
 )
+# verl version -> (the module whose global is replaced, the class and method that build the policy, its parameters)
+BUILDERS = {
+    "0.7.1": (
+        "verl/workers/fsdp_workers.py",
+        "ActorRolloutRefWorker",
+        "_build_model_optimizer",
+        BUILD_PARAMETERS_0_7_1,
+    ),
+    "0.9.1": ("verl/workers/engine/fsdp/transformer_impl.py", "FSDPEngine", "_build_fsdp_module", ("self", "module")),
+}
 
 
-def apply(fsdp_workers: ModuleType) -> None:
-    current = fsdp_workers.CPUOffloadPolicy
+def apply(builder_module: ModuleType) -> None:
+    """Replace ``builder_module.CPUOffloadPolicy`` (verl 0.7.1: ``fsdp_workers``; 0.9.1: the FSDP engine's module)."""
+    current = builder_module.CPUOffloadPolicy
     if is_patched(current):
         return
     require_cpu_only(PATCH)
     require_versions(PATCH, SUPPORTED)
     from torch.distributed.fsdp import CPUOffloadPolicy as torch_policy
 
+    where, owner, method, parameters = BUILDERS[installed_version("verl")]
     if current is not torch_policy:
         raise PatchError(
-            f"verl_cpu.{PATCH}: verl/workers/fsdp_workers.py:CPUOffloadPolicy is {current!r}, not torch's "
-            "torch.distributed.fsdp.CPUOffloadPolicy (written for verl 0.7.1); re-check the upstream code."
+            f"verl_cpu.{PATCH}: {where}:CPUOffloadPolicy is {current!r}, not torch's "
+            "torch.distributed.fsdp.CPUOffloadPolicy; re-check the upstream code."
         )
     require_signature(
         PATCH,
@@ -63,12 +88,7 @@ def apply(fsdp_workers: ModuleType) -> None:
         POLICY_INIT_PARAMETERS,
         "torch/distributed/fsdp/_fully_shard/_fsdp_api.py:CPUOffloadPolicy",
     )
-    require_signature(
-        PATCH,
-        fsdp_workers.ActorRolloutRefWorker._build_model_optimizer,
-        BUILD_PARAMETERS,
-        "verl/workers/fsdp_workers.py:ActorRolloutRefWorker._build_model_optimizer",
-    )
+    require_signature(PATCH, getattr(getattr(builder_module, owner), method), parameters, f"{where}:{owner}.{method}")
 
     class CPUOffloadPolicy(current):
         """torch's ``CPUOffloadPolicy`` with ``pin_memory=False`` whatever is asked (no accelerator to pin for)."""
@@ -79,4 +99,4 @@ def apply(fsdp_workers: ModuleType) -> None:
     CPUOffloadPolicy.__module__ = __name__
     CPUOffloadPolicy.__wrapped__ = current
     setattr(CPUOffloadPolicy, MARK, PATCH)
-    fsdp_workers.CPUOffloadPolicy = CPUOffloadPolicy
+    builder_module.CPUOffloadPolicy = CPUOffloadPolicy

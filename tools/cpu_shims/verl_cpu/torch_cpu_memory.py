@@ -11,6 +11,12 @@ Upstream: ``verl/utils/device.py:get_torch_device`` (verl 0.7.1; in 0.9.1 the ``
 The stand-ins report 0 bytes (CPU tensors live in ordinary process memory, which verl logs separately as
 ``perf/cpu_memory_used_gb``) and ``empty_cache`` does nothing. Nothing is replaced: they are added only where torch
 has no such attribute, and the patch refuses if torch already defines one.
+
+verl 0.9.1 also restores the device's RNG from a checkpoint (``verl/utils/checkpoint/checkpoint_manager.py``
+``load_rng_state``, lines 213-219): its saved state keys the CPU generator's state ``"cpu"``, which is also the device
+name of the ``cpu`` platform, so a resumed run calls ``torch.cpu.set_rng_state`` (``AttributeError``). On CPU the
+device's generator is the CPU generator: ``get_rng_state`` / ``set_rng_state`` are torch's own
+``torch.get_rng_state`` / ``torch.set_rng_state``.
 """
 
 from __future__ import annotations
@@ -43,7 +49,27 @@ def empty_cache() -> None:
     return None
 
 
-STAND_INS = (memory_allocated, memory_reserved, max_memory_allocated, max_memory_reserved, empty_cache)
+def get_rng_state(device=None):
+    import torch
+
+    return torch.get_rng_state()
+
+
+def set_rng_state(new_state, device=None) -> None:
+    import torch
+
+    torch.set_rng_state(new_state)
+
+
+STAND_INS = (
+    memory_allocated,
+    memory_reserved,
+    max_memory_allocated,
+    max_memory_reserved,
+    empty_cache,
+    get_rng_state,
+    set_rng_state,
+)
 for _stand_in in STAND_INS:
     setattr(_stand_in, MARK, PATCH)
 

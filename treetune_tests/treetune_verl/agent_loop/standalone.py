@@ -69,6 +69,30 @@ def teacher_forced(model, prompt: list[int], response: list[int]) -> tuple[torch
     return entropy, token_logp
 
 
+def entropy_error(row: torch.Tensor, expected: torch.Tensor, model_tokens: torch.Tensor) -> float:
+    """Largest |rollout_entropy - recomputation| over model tokens (nats), all ``[R]``; inf if a position outside
+    ``model_tokens`` (user/tool token, padding) is non-zero."""
+    if row[~model_tokens].any():
+        return float("inf")
+    return (row[model_tokens] - expected[model_tokens]).abs().max().item()
+
+
+def check_entropy_row(
+    label: str, got: torch.Tensor, expected: torch.Tensor, model_tokens: torch.Tensor, atol: float
+) -> tuple[float, float, float, float]:
+    """Assert one row's entropy matches the recomputation within ``atol`` nats at model tokens (0.0 elsewhere), and
+    that the same check fails for the row misaligned by one position (either way) or all zeros; returns the error and
+    those three (all ``[R]`` float64)."""
+    error = entropy_error(got, expected, model_tokens)
+    assert error <= atol, f"{label}: rollout_entropy differs from HF by {error:.3g} nats"
+    assert (got[model_tokens] > 0).all()
+    late = entropy_error(torch.cat([got.new_zeros(1), got[:-1]]), expected, model_tokens)
+    early = entropy_error(torch.cat([got[1:], got.new_zeros(1)]), expected, model_tokens)
+    zeros = entropy_error(torch.zeros_like(got), expected, model_tokens)
+    assert min(late, early, zeros) > 100 * atol, f"{label}: a wrong entropy would pass ({late}, {early}, {zeros})"
+    return error, late, early, zeros
+
+
 def standalone_config(model_path: Path, workdir: Path):
     from treetune_tests.treetune_verl.agent_loop.fakes import compose_config  # verl 0.7.1 (its interactions)
 

@@ -47,6 +47,7 @@ import torch
 from treetune_tests.treetune_verl.agent_loop.fakes import make_batch, unpadded
 from treetune_tests.treetune_verl.agent_loop.standalone import (
     RESPONSE_LENGTH,
+    check_entropy_row,
     driver_state_restored,  # noqa: F401  (fixture, used below)
     model_with_short_turns,
     pids_of,
@@ -64,14 +65,6 @@ pytestmark = pytest.mark.usefixtures("driver_state_restored")
 
 ATOL = 1e-4  # nats
 NAMES = ["entropy_single_turn_agent", "entropy_tool_agent", "single_turn_agent", "entropy_single_turn_agent"]
-
-
-def _error(row: torch.Tensor, expected: torch.Tensor, model_tokens: torch.Tensor) -> float:
-    """Largest |rollout_entropy - recomputation| over model tokens (nats), all ``[response_length]``; inf if a
-    position outside ``response_mask`` (user/tool token, padding) is non-zero."""
-    if row[~model_tokens].any():
-        return float("inf")
-    return (row[model_tokens] - expected[model_tokens]).abs().max().item()
 
 
 @pytest.mark.engine
@@ -127,14 +120,8 @@ def test_standalone_manager_real_engine_matches_hf(tiny_model_dir, tmp_path, mon
         expected = torch.zeros(RESPONSE_LENGTH, dtype=torch.float64)
         expected[:n] = entropy_n
         got, model_tokens = row.double(), mask.bool()
-        error = _error(got, expected, model_tokens)
-        assert error <= ATOL, f"row {i} ({name}): rollout_entropy differs from HF by {error:.3g} nats"
-        assert (got[model_tokens] > 0).all()
-        # negative controls: the same check fails for the row misaligned by one position (either way), or all zeros
-        late = _error(torch.cat([got.new_zeros(1), got[:-1]]), expected, model_tokens)
-        early = _error(torch.cat([got[1:], got.new_zeros(1)]), expected, model_tokens)
-        zeros = _error(torch.zeros_like(got), expected, model_tokens)
-        assert min(late, early, zeros) > 100 * ATOL, f"row {i}: a wrong entropy would pass ({late}, {early}, {zeros})"
+        # also the negative controls: the row misaligned by one position (either way), or all zeros, would fail
+        error, late, early, zeros = check_entropy_row(f"row {i} ({name})", got, expected, model_tokens, ATOL)
         # verl's rollout log-probs (sglang's, same tokens) agree with the recomputation: the tokens line up
         logprob_error = (out.batch["rollout_log_probs"][i, :n].double() - token_logp)[model_tokens[:n]].abs().max()
         assert logprob_error <= 1e-3, f"row {i}: rollout_log_probs differ from HF by {logprob_error:.3g}"

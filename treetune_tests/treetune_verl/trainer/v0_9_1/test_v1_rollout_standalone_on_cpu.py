@@ -37,6 +37,7 @@ from omegaconf import open_dict
 from treetune_tests.treetune_verl.agent_loop.standalone import (
     PROMPT_LENGTH,
     RESPONSE_LENGTH,
+    check_entropy_row,
     driver_state_restored,  # noqa: F401  (fixture, used below)
     model_with_short_turns,
     ray_session,
@@ -57,8 +58,8 @@ WAIT_S = 600
 
 
 def _config(model_path, workdir):
-    from treetune_tests.treetune_verl.trainer.v0_9_1.current_stack_fakes import ALWAYS_ADD, TOOL_CALLING_LOOP
     from treetune_tests.treetune_verl.agent_loop.tool_fakes import TOOL_CONFIG
+    from treetune_tests.treetune_verl.trainer.v0_9_1.current_stack_fakes import ALWAYS_ADD, TOOL_CALLING_LOOP
 
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "tools.yaml").write_text(yaml.safe_dump(TOOL_CONFIG))
@@ -123,14 +124,6 @@ def _wait_for_rows(tq, uids: list[str]) -> dict[str, dict]:
     raise AssertionError(f"rows not in TransferQueue after {WAIT_S} s")
 
 
-def _error(row: torch.Tensor, expected: torch.Tensor, model_tokens: torch.Tensor) -> float:
-    """Largest |rollout_entropy - recomputation| over model tokens (nats); inf if a position outside the mask is
-    non-zero."""
-    if row[~model_tokens].any():
-        return float("inf")
-    return (row[model_tokens] - expected[model_tokens]).abs().max().item()
-
-
 @pytest.mark.engine
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU variant (declared GPU, CPU engine settings)")
@@ -186,13 +179,7 @@ def test_v1_rollout_real_engine_matches_hf(tiny_model_dir, tmp_path, monkeypatch
             assert not got.any(), f"row {i} ({name}, stock loop) must be all zeros"
             continue
         expected, token_logp = teacher_forced(hf, prompts_ids[i], responses[i])
-        error = _error(got, expected, mask)
-        assert error <= ATOL, f"row {i} ({name}): rollout_entropy differs from HF by {error:.3g} nats"
-        assert (got[mask] > 0).all()
-        late = _error(torch.cat([got.new_zeros(1), got[:-1]]), expected, mask)
-        early = _error(torch.cat([got[1:], got.new_zeros(1)]), expected, mask)
-        zeros = _error(torch.zeros_like(got), expected, mask)
-        assert min(late, early, zeros) > 100 * ATOL, f"row {i}: a wrong entropy would pass ({late}, {early}, {zeros})"
+        error, late, early, zeros = check_entropy_row(f"row {i} ({name})", got, expected, mask, ATOL)
         logprob_error = (log_probs[i].double() - token_logp)[mask].abs().max()
         assert logprob_error <= 1e-3, f"row {i}: rollout_log_probs differ from HF by {logprob_error:.3g}"
         print(
