@@ -23,7 +23,12 @@ _WHERE = {
         else "treetune_verl.agent_loop.entropy_manager"
     ),
     "EntropySingleTurnAgentLoop": "treetune_verl.agent_loop.entropy_single_turn_agent_loop",
-    "EntropyToolAgentLoop": "treetune_verl.agent_loop.entropy_tool_agent_loop",
+    # verl 0.9.1's tool loop merges turns with Continuous Tokens: its own class (the loops YAML names this one).
+    "EntropyToolAgentLoop": (
+        "treetune_verl.agent_loop.entropy_tool_agent_loop_v0_9_1"
+        if on_current_stack()
+        else "treetune_verl.agent_loop.entropy_tool_agent_loop"
+    ),
     "RolloutEntropyWorker": "treetune_verl.agent_loop.entropy_worker",
     "pad_response_entropy": "treetune_verl.agent_loop.entropy_worker",
     "EntropyRecorder": "treetune_verl.agent_loop.recorder",

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, register
-from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, ToolAgentLoop
-
 from treetune_verl.agent_loop.recorder import EntropyRecorder, attach_response_entropy
 from treetune_verl.rollout.token_output import ABORTED_STOP_REASON
+from treetune_verl.verl_guard import VERL
+
+# verl 0.9.1 merges turns with Continuous Tokens (trim, insert): its loop is entropy_tool_agent_loop_v0_9_1.py.
+VERL.require("tool loop (pure-append turns)")
+
+from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, register  # noqa: E402
+from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, ToolAgentLoop  # noqa: E402
 
 AGENT_DATA_ENTROPY_ATTR = "response_entropy"  # list[float] on AgentData, aligned with AgentData.response_mask
 

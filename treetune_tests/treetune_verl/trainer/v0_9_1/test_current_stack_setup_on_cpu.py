@@ -104,3 +104,19 @@ def test_the_generation_jobs_verl_backend_is_refused_before_any_work(tmp_path):
     with pytest.raises(ValueError, match="backend=verl .* does not run on verl 0.9.1 yet"):
         resolve_config({"backend": "verl", "output": {"dir": str(tmp_path)}})
     assert resolve_config({"backend": "engine", "output": {"dir": str(tmp_path)}}).backend == "engine"
+
+
+def test_the_loops_yaml_gives_verl_0_9_1s_tool_loop():
+    """Datasets naming verl's tool_agent get our loop through the loops YAML: on verl 0.9.1 its own tool loop."""
+    from hydra.utils import get_class
+    from omegaconf import OmegaConf
+
+    from treetune_verl.agent_loop.entropy_single_turn_agent_loop import EntropySingleTurnAgentLoop
+    from treetune_verl.agent_loop.entropy_tool_agent_loop_v0_9_1 import EntropyToolAgentLoop
+    from treetune_verl.config import AGENT_LOOPS_YAML
+
+    entries = {entry.name: get_class(entry._target_) for entry in OmegaConf.load(AGENT_LOOPS_YAML)}
+    assert entries["tool_agent"] is entries["entropy_tool_agent"] is EntropyToolAgentLoop
+    assert entries["single_turn_agent"] is EntropySingleTurnAgentLoop
+    with pytest.raises(Exception, match="supports? verl 0.7.1; found 0.9.1"):
+        importlib.import_module("treetune_verl.agent_loop.entropy_tool_agent_loop")  # verl 0.7.1's, refused here
