@@ -94,3 +94,18 @@ async def stop_server(server) -> None:
         await asyncio.gather(server._server_task, return_exceptions=True)
     _stop_subprocess_watchdogs()
     kill_process_tree(os.getpid(), include_parent=False)
+    _close_tokenizer_manager_sockets(server)
+
+
+def _close_tokenizer_manager_sockets(server) -> None:
+    """Close the in-process TokenizerManager's zmq context now, dropping what it still queues for the killed scheduler.
+
+    sglang's ``TokenizerManager.__init__`` creates the context as a local (``tokenizer_manager.py:271``) whose sockets
+    keep the default linger (infinite). Left to the garbage collector, ``zmq.Context.__del__`` -> ``term()`` then waits
+    forever for a message to a scheduler that no longer exists, wherever the collection happens to run: a fresh-clone
+    CI run hung that way in a later test's YAML parsing.
+    """
+    tokenizer_manager = getattr(server, "tokenizer_manager", None)
+    socket = getattr(tokenizer_manager, "send_to_scheduler", None)
+    if socket is not None and not socket.context.closed:
+        socket.context.destroy(linger=0)
