@@ -14,9 +14,14 @@ pairs is a shuffled [block-stock, stock-block]), so that a drift of the machine 
 run has its own workdir (``outputs/bench/e2e-<pair>-<arm>``) and Ray temp dir. From every run's ``metrics.jsonl``
 the per-step ``timing_s/gen``, ``timing_s/step`` (and ``timing_s/old_log_prob``, ``timing_s/update_actor``,
 ``timing_s/update_weights`` when logged) are read; step 1 is dropped (it includes the warm-up: first compile, first weight sync, allocator).
-Sampling on CPU does not repeat from run to run, so the two runs of a pair generate responses of different lengths:
-``gen_per_decode_step`` (``timing_s/gen`` / ``response_length/max``, the decode steps of the batch) compares the same
-unit of work and is the figure the goal is judged on; plain ``gen`` is reported beside it.
+Sampling on CPU does not repeat from run to run, so the two runs of a pair generate responses of different lengths
+(the same step's mean length differed by up to 2x between arms on SmolLM2, ``gen`` by up to 31 % in a pair). With
+``--fixed-length`` (the default) both arms run with ``TREETUNE_BENCH_FIXED_LENGTH=1``: the CPU patch
+``verl_cpu.bench_fixed_length`` makes sglang ignore EOS, so every response of both arms is ``response_length`` tokens
+long and the arms time the same work in every phase (generation, old log-probs, update). Rewards are meaningless then;
+the timing is what is compared. ``--no-fixed-length`` runs the earlier design, where ``gen_per_decode_step``
+(``timing_s/gen`` / ``response_length/max``, the decode steps of the batch) compares the same unit of work; the goal is
+judged on it in both designs (with fixed lengths it is ``gen`` / the cap); plain ``gen`` is reported beside it.
 
 Reported per phase:
 
@@ -54,6 +59,8 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
+
+from verl_cpu.hook import BENCH_SWITCH  # noqa: E402  (tools/cpu_shims, on sys.path in the CPU venv)
 
 from treetune_tests.e2e.check_metrics import read_steps, training_steps  # noqa: E402
 from treetune_tests.e2e.feature_shares import feature_shares  # noqa: E402
@@ -94,6 +101,9 @@ def run_once(arm: str, pair: int, args: argparse.Namespace) -> dict:
     }
     env.pop("E2E_VARIANT", None)
     env.pop("E2E_PROBE", None)
+    env.pop(BENCH_SWITCH, None)
+    if args.fixed_length:
+        env[BENCH_SWITCH] = "1"
     load, wall = os.getloadavg()[0], None
     if not args.reuse:
         start = time.monotonic()
@@ -204,6 +214,7 @@ def write_report(args: argparse.Namespace, command: str, orders: list, started: 
         "steps": args.steps,
         "dropped_steps": [1],
         "model": args.model,
+        "fixed_length": args.fixed_length,
         "seed": args.seed,
         "orders": orders[:pairs_done],
         "machine": {
@@ -230,6 +241,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, default=3, help="runs of each arm (one pair: one of each)")
     parser.add_argument("--steps", type=int, default=5, help="training steps per run (step 1 is dropped)")
     parser.add_argument("--model", choices=("tiny", "smollm2"), default="tiny", help="E2E_MODEL")
+    parser.add_argument(
+        "--fixed-length",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="every response of both arms ends at the length cap (sglang ignores EOS): the arms time the same work",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the order within the pairs")
     parser.add_argument("--root", type=Path, default=REPO_ROOT / "outputs" / "bench", help="parent of the workdirs")
     parser.add_argument(
@@ -246,7 +263,11 @@ def main(argv: list[str] | None = None) -> int:
     args.root.mkdir(parents=True, exist_ok=True)
     orders = pair_orders(args.pairs, args.seed)
     command = shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(argv)
-    print(f"{args.pairs} pair(s) x {args.steps} steps, model {args.model}, orders {orders}", flush=True)
+    print(
+        f"{args.pairs} pair(s) x {args.steps} steps, model {args.model}, fixed length {args.fixed_length}, "
+        f"orders {orders}",
+        flush=True,
+    )
     started = time.time()
     runs: list[dict] = []
     pair_seconds: list[float] = []

@@ -69,6 +69,43 @@ def test_switch_off_installs_nothing():
     assert out == {"hook": False, "loaded": False, "memory": False}
 
 
+def test_bench_switch_fixes_response_length_only_when_set():
+    """``TREETUNE_BENCH_FIXED_LENGTH=1`` (the overhead bench, both arms): sglang's real ``SamplingParams`` ignore EOS
+    whatever the request says; with the CPU switch alone they keep the request's value."""
+    code = """
+        import json
+        from sglang.srt.sampling.sampling_params import SamplingParams
+        params = SamplingParams(max_new_tokens=8, ignore_eos=False)
+        params.normalize(None); params.verify(32000)
+        print(json.dumps({"ignore_eos": params.ignore_eos, "max_new_tokens": params.max_new_tokens,
+                          "patched": getattr(SamplingParams.__init__, "__treetune_verl_cpu_patch__", None)}))
+        """
+    assert _run(code, switch=True) == {"ignore_eos": False, "max_new_tokens": 8, "patched": None}
+    assert _run(code, switch=True, **{hook.BENCH_SWITCH: "1"}) == {
+        "ignore_eos": True,
+        "max_new_tokens": 8,
+        "patched": "bench_fixed_length",
+    }
+
+
+def test_bench_fixed_length_guards(monkeypatch):
+    import sglang.srt.sampling.sampling_params as sampling_params
+    from verl_cpu import _guard, bench_fixed_length
+
+    class Changed:
+        def __init__(self, max_new_tokens=128, ignore_eos=False):
+            self.ignore_eos = ignore_eos
+
+    monkeypatch.setattr(sampling_params, "SamplingParams", Changed)
+    with pytest.raises(PatchError, match="SamplingParams.__init__ has parameters"):
+        bench_fixed_length.apply(sampling_params)
+    monkeypatch.undo()
+    monkeypatch.setattr(_guard.importlib.metadata, "version", lambda name: "0.0.1")
+    with pytest.raises(PatchError, match="written for sglang .* 0.0.1 is installed"):
+        bench_fixed_length.apply(sampling_params)
+    assert not _guard.is_patched(sampling_params.SamplingParams.__init__)
+
+
 @pinned_only
 def test_hook_applies_every_patch_in_a_fresh_process():
     """With the switch on, the .pth hook patches each target right after its import, and each patch works."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.abc
+import os
 import sys
 import threading
 from types import ModuleType
@@ -50,7 +51,14 @@ def patches_for(verl_version: str) -> dict[str, tuple[str, ...]]:
     return PATCHES_BY_VERL[verl_version]
 
 
+# Bench only (``bench_e2e_overhead.py --fixed-length``, both arms alike; never a training run): responses of fixed
+# length, so that two runs time the same work. Added to the table only when its switch is set.
+BENCH_PATCHES: dict[str, tuple[str, ...]] = {"sglang.srt.sampling.sampling_params": ("verl_cpu.bench_fixed_length",)}
+BENCH_SWITCH = "TREETUNE_BENCH_FIXED_LENGTH"
+
 PATCHES: dict[str, tuple[str, ...]] = patches_for(installed_version("verl"))  # the installed verl's table
+if os.environ.get(BENCH_SWITCH) == "1":
+    PATCHES = {**PATCHES, **BENCH_PATCHES}
 
 _lock = threading.RLock()
 
