@@ -25,7 +25,7 @@ METRIC_PREFIX = "timing_s/treetune/"
 SHARE_METRIC = "treetune/share_of_step"
 # Features, in the order the metrics list them.
 ROLLOUT_ENTROPY = "rollout_entropy"  # the worker's padding and marks, the manager's metrics
-OVER_SAMPLING = "over_sampling"  # the step's target, claims, aborts, empty rows; aborted rows' reward and metrics
+OVER_SAMPLING = "over_sampling"  # the step's target, settling, aborts, empty rows; aborted rows' reward and metrics
 STEERING = "steering"  # the advantages reshaped from rollout entropy
 TRAINER_HOOKS = "trainer_hooks"  # the agreement with the actor, validation metrics, the step's pending metrics
 FEATURES = (ROLLOUT_ENTROPY, OVER_SAMPLING, STEERING, TRAINER_HOOKS)

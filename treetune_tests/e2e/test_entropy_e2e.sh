@@ -372,7 +372,7 @@ else
 fi
 if [[ "$OVER_SAMPLE" != 0 ]]; then
     CHECK+=(--aborted-ratio "$("$PYTHON" -c "from treetune_verl.agent_loop.over_sample import completion_target as t
-b = $((TRAIN_BATCH_SIZE * ROLLOUT_N)); print((b - t($OVER_SAMPLE, b)) / b)")")
+g = $TRAIN_BATCH_SIZE; print((g - t($OVER_SAMPLE, g)) / g)")")  # whole groups: the share of groups aborted
 fi
 [[ -n "$PG_TOKEN_QUANTILE" ]] && CHECK+=(--pg-token-quantile "$PG_TOKEN_QUANTILE")
 [[ -n "$FORECAST" ]] && CHECK+=(--forecast-every "$FORECAST")

@@ -21,7 +21,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopManager, _get_rollo
 from verl.protocol import DataProto
 from verl.utils.ray_utils import auto_await
 
-from treetune_verl.agent_loop.over_sample import CompletionCounter, completion_target
+from treetune_verl.agent_loop.over_sample import CompletionCounter, completion_target, group_sizes
 from treetune_verl.agent_loop.worker import EntropyAgentLoopWorker
 from treetune_verl.batch_keys import (
     HAS_ROLLOUT_ENTROPY_KEY,
@@ -55,8 +55,8 @@ class EntropyAgentLoopManager(AgentLoopManager):
     (``treetune_verl/trainer/trainer_seams.py``): ``rollout_entropy/actor_abs_diff/{mean,max}`` and ``val-aux/rollout_entropy/...``.
 
     Over-sampling with abort (``rollout.over_sample_rate`` > 0, training batches only): each step gets a
-    :func:`completion_target` on a :class:`CompletionCounter` shared by the workers, which abort the rest
-    (``over_sample_worker.py``); ``rollout/wall_time_s`` and the aborted-row metrics reach the step's metrics.
+    :func:`completion_target` of whole groups on a :class:`CompletionCounter` shared by the workers, which abort the
+    rest (``over_sample_worker.py``); ``rollout/wall_time_s`` and the aborted-row metrics reach the step's metrics.
 
     The trainer-side features (the agreement and validation metrics, aborted rows' reward, entropy steering) run in
     the trainer's own seams, installed here with the run's features read from the trainer's config
@@ -131,8 +131,9 @@ class EntropyAgentLoopManager(AgentLoopManager):
 
     async def _begin_over_sample(self, prompts: DataProto) -> str:
         """Start a step at the counter and put its plan into ``prompts.meta_info`` for the workers; its key."""
-        step, target = uuid4().hex, completion_target(self._over_sample_rate, len(prompts))
-        await self._completion_counter.begin.remote(step, target)
+        sizes = group_sizes(prompts.non_tensor_batch.get("uid"))
+        step, target = uuid4().hex, completion_target(self._over_sample_rate, len(sizes))
+        await self._completion_counter.begin.remote(step, target, sizes)
         prompts.meta_info[OVER_SAMPLE_META_KEY] = {"counter": self._completion_counter, "step": step, "target": target}
         return step
 

@@ -1,28 +1,33 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""Over-sampling with abort: the step's completion target, its batch-wide counter, and each worker's share.
+"""Over-sampling with abort: the step's completion target in whole groups, its batch-wide counter, each worker's share.
 
 verl 0.7.1 documents ``actor_rollout_ref.rollout.over_sample_rate`` ("abort remaining requests when
-``(1 - over_sample_rate) * total`` completions are reached", ``rollout.yaml:116-118``) but nothing reads it. Here:
+``(1 - over_sample_rate) * total`` completions are reached", ``rollout.yaml:116-118``) but nothing reads it. Here the
+target counts *groups* (a prompt's ``rollout.n`` responses, one ``uid``): a step keeps the first
+:func:`completion_target` groups whose every response has finished, and aborts the rest, so every trained group is
+whole and a group estimator's statistics are verl's own. At ``rollout.n = 1`` a group is one row.
 
-- the manager checks the settings at start-up (``treetune_verl/trainer/features.py``: the rate, the estimator, the
-  actor's loss fix) and computes :func:`completion_target` for a training batch and starts a step on one
-  :class:`CompletionCounter` actor shared by all agent-loop workers (the target counts over the whole batch);
-- each worker's :class:`OverSampleStep` claims a slot for every trajectory that finishes, and once the counter says
-  the target is reached it aborts its still-running trajectories by their session prefix
+- the manager checks the settings at start-up (``treetune_verl/trainer/features.py``), counts the batch's groups
+  (:func:`group_sizes`), and starts a step with the target on one :class:`CompletionCounter` actor shared by all
+  agent-loop workers (groups may be split across workers);
+- each worker's :class:`OverSampleStep` settles every trajectory that stops: the counter answers once the
+  trajectory's group is decided (kept: it completed within the target; dropped: the target was reached first), and
+  once the target is reached the worker aborts its still-running trajectories by their session prefix
   (:mod:`treetune_verl.rollout.session`);
-- a trajectory is kept exactly when its claim succeeds, so a step always keeps ``target`` rows and marks
-  ``batch - target`` aborted, even when a few trajectories finish while the abort is on its way (they lose the race
-  and are dropped like the rest).
+- a step therefore keeps exactly ``target`` whole groups and marks every other row aborted, including the finished
+  rows of groups that did not complete in time, and a group that completes while the abort is on its way.
 
-A trajectory's session and step travel with its coroutine in ``trajectory.CURRENT_TRAJECTORY``.
+A trajectory's session, group and step travel with its coroutine in ``trajectory.CURRENT_TRAJECTORY``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -31,46 +36,78 @@ from treetune_verl.batch_keys import OVER_SAMPLE_META_KEY
 from treetune_verl.timing import OVER_SAMPLING, SECONDS
 
 
-def completion_target(rate: float, batch_size: int) -> int:
-    """``ceil((1 - rate) * batch_size)``: how many rows of a step must complete before the rest are aborted.
+def completion_target(rate: float, groups: int) -> int:
+    """``ceil((1 - rate) * groups)``: how many whole groups of a step must complete before the rest are aborted.
 
     Computed on the rate's decimal value so that e.g. ``(1 - 0.1) * 10`` gives 9, not 10. At least 1.
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    keep = round((1.0 - rate) * batch_size, 9)
-    return max(1, min(batch_size, math.ceil(keep)))
+    if groups < 1:
+        raise ValueError(f"groups must be >= 1, got {groups}")
+    keep = round((1.0 - rate) * groups, 9)
+    return max(1, min(groups, math.ceil(keep)))
+
+
+def group_sizes(uids: Sequence[Any] | None) -> dict[str, int]:
+    """Rows per group of a batch: its ``uid`` column (``non_tensor_batch["uid"]``, which verl's trainer sets, one per
+    prompt, shared by its ``rollout.n`` responses), counted.
+
+    Raises:
+        ValueError: the batch has no ``uid`` column (nothing says which rows form a group).
+    """
+    if uids is None:
+        raise ValueError(
+            'over-sampling keeps whole groups, named by non_tensor_batch["uid"] (verl\'s trainer sets it for every '
+            "training batch); this batch has no uid column"
+        )
+    return dict(Counter(str(uid) for uid in uids))
 
 
 class StepCounter:
-    """Counts the completed trajectories of each running step across all agent-loop workers.
+    """Decides the groups of each running step across all agent-loop workers.
 
-    ``claim`` hands out exactly ``target`` slots per step; ``wait`` returns once they are all taken. Runs as the Ray
-    actor :data:`CompletionCounter`, which serialises the calls of all workers.
+    ``settle`` is called once per row when its trajectory stops and answers when the row's group is decided:
+    ``True`` if the group completed while fewer than ``target`` groups had, ``False`` once the target is reached
+    without it. ``wait`` returns once the target is reached. Runs as the Ray actor :data:`CompletionCounter`, which
+    serialises the calls of all workers.
     """
 
     def __init__(self) -> None:
         self._steps: dict[str, _StepCount] = {}
 
-    async def begin(self, step: str, target: int) -> None:
-        self._steps[step] = _StepCount(target=target, reached=asyncio.Event())
+    async def begin(self, step: str, target: int, sizes: dict[str, int]) -> None:
+        if not 1 <= target <= len(sizes):
+            raise ValueError(f"step {step}: target {target} groups of {len(sizes)}")
+        self._steps[step] = _StepCount(target=target, sizes=sizes, reached=asyncio.Event())
 
-    async def claim(self, step: str) -> bool:
-        """One trajectory of ``step`` finished: ``True`` if it is within the target (keep it), else ``False``."""
+    async def settle(self, step: str, group: str) -> bool:
+        """One row of ``group`` stopped: ``True`` to keep it (its group is one of the step's kept groups)."""
         count = self._steps[step]
-        if count.claimed >= count.target:
-            return False
-        count.claimed += 1
-        if count.claimed == count.target:
-            count.reached.set()
-        return True
+        if count.reached.is_set():
+            return False  # every kept group was complete before this row stopped
+        if group not in count.sizes:
+            raise KeyError(f"step {step}: group {group!r} is not in the batch")
+        count.finished[group] = count.finished.get(group, 0) + 1
+        if count.finished[group] == count.sizes[group]:
+            count.kept.add(group)
+            if len(count.kept) == count.target:
+                count.reached.set()
+            count.completed(group).set()
+            return True
+        completed = asyncio.ensure_future(count.completed(group).wait())
+        reached = asyncio.ensure_future(count.reached.wait())
+        try:
+            await asyncio.wait({completed, reached}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            completed.cancel()
+            reached.cancel()
+        return group in count.kept
 
     async def wait(self, step: str) -> None:
         await self._steps[step].reached.wait()
 
     async def end(self, step: str) -> int:
-        """Forget ``step``; returns how many slots were claimed."""
-        return self._steps.pop(step).claimed
+        """Forget ``step``; returns how many groups were kept."""
+        return len(self._steps.pop(step).kept)
 
     async def open_steps(self) -> int:
         return len(self._steps)
@@ -79,15 +116,25 @@ class StepCounter:
 @dataclass
 class _StepCount:
     target: int
+    sizes: dict[str, int]
     reached: asyncio.Event
-    claimed: int = 0
+    finished: dict[str, int] = field(default_factory=dict)
+    kept: set[str] = field(default_factory=set)
+    _completed: dict[str, asyncio.Event] = field(default_factory=dict)
+
+    def completed(self, group: str) -> asyncio.Event:
+        """Set when every row of ``group`` has stopped within the target."""
+        return self._completed.setdefault(group, asyncio.Event())
 
 
-CompletionCounter = ray.remote(num_cpus=0)(StepCounter)
+# Every row of a step may be waiting in ``settle`` at once: an async actor runs at most ``max_concurrency`` calls,
+# and a call beyond it would queue behind the waiting ones (the row that completes their group among them).
+MAX_WAITING_ROWS = 1 << 20
+CompletionCounter = ray.remote(num_cpus=0, max_concurrency=MAX_WAITING_ROWS)(StepCounter)
 
 
 class OverSampleStep:
-    """One worker's share of an over-sampled step: its open trajectories, the abort, and the claims.
+    """One worker's share of an over-sampled step: its open trajectories, the abort, and the settling.
 
     Args:
         counter: the :class:`CompletionCounter` handle from ``prompts.meta_info``.
@@ -103,12 +150,16 @@ class OverSampleStep:
     def open(self, session: str) -> None:
         self._open.add(session)
 
-    async def settle(self, session: str) -> bool:
-        """The trajectory ``session`` stopped (finished or aborted): ``True`` to keep it, ``False`` if aborted."""
+    async def settle(self, session: str, group: str) -> bool:
+        """The trajectory ``session`` of ``group`` stopped (finished or aborted): ``True`` to keep it.
+
+        Waits until its group is decided (a finished row of a group still running waits for the group's last row, or
+        for the target).
+        """
         self._open.discard(session)
         if self.target_reached:
             return False
-        return await self._counter.claim.remote(self._step)
+        return await self._counter.settle.remote(self._step, group)
 
     async def abort_when_target_reached(self, server_manager: Any) -> None:
         """Wait for the batch-wide target, then abort every trajectory of this worker still open.

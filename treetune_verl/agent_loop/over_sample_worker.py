@@ -5,8 +5,8 @@
 Every trajectory runs under its own session (:mod:`treetune_verl.rollout.session`), named in the request id of each
 of its turns by :class:`~treetune_verl.agent_loop.session_server_manager.SessionServerManager`. When the manager put
 an over-sampling plan into ``prompts.meta_info`` (training batches with ``rollout.over_sample_rate > 0``), the worker
-keeps a trajectory only if it claims one of the step's slots at the batch-wide counter, and aborts the rest once
-the target is reached (:class:`~treetune_verl.agent_loop.over_sample.OverSampleStep`).
+keeps a trajectory only if its group (its ``uid``) is one of the step's kept groups at the batch-wide counter, and
+aborts the rest once the target of whole groups is reached (:class:`~treetune_verl.agent_loop.over_sample.OverSampleStep`).
 
 An aborted row reaches verl's trainer as an empty response, exactly as verl's own metrics define an aborted sample
 (``metric_utils.py:122``: response length 0): response ids padding, ``attention_mask`` and ``response_mask`` 0 over
@@ -76,9 +76,11 @@ class OverSamplingAgentLoopWorker(AgentLoopWorker):
     async def _run_agent_loop(self, sampling_params: dict[str, Any], trajectory: dict[str, Any], **kwargs: Any):
         step = _CURRENT_STEP.get()
         session = new_session_id()
+        group = None
         if step is not None:
             step.open(session)
-        token = CURRENT_TRAJECTORY.set(Trajectory(session=session, step=step))
+            group = str(kwargs["uid"])  # the manager refused a batch without the column (over_sample.group_sizes)
+        token = CURRENT_TRAJECTORY.set(Trajectory(session=session, step=step, group=group))
         try:
             return await super()._run_agent_loop(sampling_params, trajectory, **kwargs)
         finally:
@@ -89,7 +91,7 @@ class OverSamplingAgentLoopWorker(AgentLoopWorker):
         keep = True
         if trajectory is not None and trajectory.step is not None:
             with SECONDS.timed(OVER_SAMPLING):
-                keep = await trajectory.step.settle(trajectory.session)
+                keep = await trajectory.step.settle(trajectory.session, trajectory.group)
         if keep and output.response_ids:
             internal = await super()._agent_loop_postprocess(output, **kwargs)
         else:

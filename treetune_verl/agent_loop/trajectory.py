@@ -1,6 +1,7 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""The trajectory an agent-loop coroutine works for, carried with it: its session and, when over-sampling, its step.
+"""The trajectory an agent-loop coroutine works for, carried with it: its session and, when over-sampling, its group
+and step.
 
 The worker (``over_sample_worker.py``) sets :data:`CURRENT_TRAJECTORY` around each trajectory (a ``ContextVar``:
 every agent-loop task gets its own copy); whoever sends the trajectory's requests reads it: the session server
@@ -20,10 +21,12 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Trajectory:
-    """Its session prefix (``rollout/session.py``) and, when over-sampling, the worker's step."""
+    """Its session prefix (``rollout/session.py``) and, when over-sampling, its group (the row's ``uid``) and the
+    worker's step."""
 
     session: str
     step: OverSampleStep | None = None
+    group: str | None = None
 
 
 CURRENT_TRAJECTORY: ContextVar[Trajectory | None] = ContextVar("treetune_trajectory", default=None)

@@ -8,7 +8,7 @@ order they run in, outermost first:
 
 1. rollout entropy (``entropy_worker.RolloutEntropyWorker``): pads each row's entropy once the row is final;
 2. sessions and over-sampling with abort (``over_sample_worker.OverSamplingAgentLoopWorker``): names every
-   trajectory's requests, claims a slot or aborts, empties an aborted row, marks ``rollout_aborted``;
+   trajectory's requests, settles it by its group or aborts it, empties an aborted row, marks ``rollout_aborted``;
 3. verl's ``AgentLoopWorker``.
 
 The seconds the features spent in this worker for a batch (``treetune_verl/timing.py``) leave with the batch, on

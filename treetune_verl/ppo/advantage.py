@@ -1,8 +1,12 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""GRPO and RLOO over each group's completed rows: an aborted rollout does not exist for the group statistics.
+"""GRPO and RLOO over each group's completed rows, and which of verl's estimators train right with aborted groups.
 
-An aborted row reaches the trainer with an all-zero ``response_mask`` and score 0. verl's ``grpo`` / ``rloo``
+Over-sampling aborts whole groups (``agent_loop/over_sample.py``), so verl's own ``grpo`` / ``rloo`` are exact with
+it (:data:`ESTIMATORS_WITH_ABORTED_GROUPS` lists every estimator). ``grpo_valid`` / ``rloo_valid`` stay for rows
+that end empty within a kept group (a trajectory that produced no token) and for batches built elsewhere.
+
+An empty (aborted) row reaches the trainer with an all-zero ``response_mask`` and score 0. verl's ``grpo`` / ``rloo``
 (``verl/trainer/ppo/core_algos.py`` ``compute_grpo_outcome_advantage`` / ``compute_rloo_outcome_advantage``) count
 it in its group's mean and std: one aborted row in a group of 4 scored [1, 1, 0] moves the advantages from
 [0.577, 0.577, -1.155] (the 3 completed rows alone) to [0.866, 0.866, -0.866]. The estimators registered here,
@@ -31,10 +35,49 @@ import numpy as np
 import torch
 from verl.trainer.ppo import core_algos
 
-__all__ = ["GRPO_VALID", "RLOO_VALID", "completed_rows", "compute_grpo_valid_advantage", "compute_rloo_valid_advantage"]
+__all__ = [
+    "ESTIMATORS_WITH_ABORTED_GROUPS",
+    "GRPO_VALID",
+    "RLOO_VALID",
+    "completed_rows",
+    "compute_grpo_valid_advantage",
+    "compute_rloo_valid_advantage",
+    "supported_with_aborted_groups",
+]
 
 GRPO_VALID = "grpo_valid"
 RLOO_VALID = "rloo_valid"
+
+_VERL_CANNOT_CALL = (
+    "verl 0.7.1's compute_advantage cannot call it (it passes config=, which the function does not take)"
+)
+# verl 0.7.1's registered estimators with over-sampling, which aborts whole groups (``agent_loop/over_sample.py``):
+# ``None`` when the kept rows' advantages are exactly what verl computes without the aborted rows and the aborted rows
+# get none (measured through verl's own ``ray_trainer.compute_advantage``:
+# ``treetune_tests/treetune_verl/ppo/test_estimators_with_aborted_groups_on_cpu.py``), else why it is refused.
+ESTIMATORS_WITH_ABORTED_GROUPS: dict[str, str | None] = {
+    "grpo": None,
+    "grpo_vectorized": None,
+    "grpo_passk": None,
+    "gdpo": None,  # per-dimension group statistics, then a whitening over response_mask (aborted rows are 0 there)
+    "rloo": None,
+    "rloo_vectorized": None,
+    "reinforce_plus_plus": None,  # whitening over response_mask
+    "reinforce_plus_plus_baseline": None,
+    GRPO_VALID: None,
+    RLOO_VALID: None,
+    "gae": "a critic would fit values to the aborted rows, and its value loss does not leave them out",
+    "gpg": "its batch-wide scale (rows / rows with a non-zero score) counts the aborted rows",
+    "opo": "an aborted group's length-weighted baseline is 0 / 0: NaN advantages on its rows",
+    "remax": "its greedy baseline rollout goes through the same over-sampled generation, which aborts baseline rows",
+    "optimal_token_baseline": _VERL_CANNOT_CALL,
+    "tir_optimal_token_baseline": _VERL_CANNOT_CALL,
+}
+
+
+def supported_with_aborted_groups() -> list[str]:
+    """The estimators that train right with over-sampling's aborted groups, sorted."""
+    return sorted(name for name, reason in ESTIMATORS_WITH_ABORTED_GROUPS.items() if reason is None)
 
 
 def completed_rows(response_mask: torch.Tensor) -> torch.Tensor:

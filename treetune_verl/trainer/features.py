@@ -27,6 +27,7 @@ from omegaconf import OmegaConf
 
 from treetune_verl.forecast.settings import SECTION as FORECAST_SECTION
 from treetune_verl.forecast.settings import ForecastSettings, forecast_settings
+from treetune_verl.ppo.advantage import ESTIMATORS_WITH_ABORTED_GROUPS, supported_with_aborted_groups
 from treetune_verl.ppo.entropy_advantage import EntropySteering, entropy_steering
 
 ROLLOUT = "actor_rollout_ref.rollout"
@@ -39,14 +40,6 @@ ACTOR_SETUP_MODULE = "treetune_verl.trainer.actor_setup"
 ACTOR_SETUP_ALIASES = ("treetune_verl.ppo.actor_setup", "treetune_verl.forecast.actor_setup")
 WORKER_IMPL_KEY = "trainer.use_legacy_worker_impl"
 STEERING_KEY = f"{ROLLOUT}.custom.entropy.pg_token_quantile / advantage_shaping.alpha"
-
-# verl's group estimators whose statistics would count aborted rows (score 0) as members of the group.
-_GROUP_ESTIMATORS = {
-    "grpo": "grpo_valid",
-    "grpo_vectorized": "grpo_valid",
-    "rloo": "rloo_valid",
-    "rloo_vectorized": "rloo_valid",
-}
 
 
 def over_sample_rate(rollout_config: Any) -> float:
@@ -142,17 +135,24 @@ def check_over_sample_config(config: Any) -> None:
     """Refuse settings under which aborted rows would be trained on wrongly.
 
     Raises:
-        ValueError: a group estimator that counts aborted rows (use ``grpo_valid`` / ``rloo_valid``); the actor's
-            loss fix not loaded (``external_lib``); verl's new worker implementation or routing replay, which the
-            fixes do not cover.
+        ValueError: an estimator that is not exact with aborted groups (the table
+            :data:`~treetune_verl.ppo.advantage.ESTIMATORS_WITH_ABORTED_GROUPS`, with the reason, or one it does not
+            know) or a critic; the actor's loss fix not loaded (``external_lib``); verl's new worker implementation or
+            routing replay, which the fixes do not cover.
     """
-    estimator = str(OmegaConf.select(config, "algorithm.adv_estimator", default="") or "")
-    estimator = getattr(estimator, "value", estimator)
-    if estimator in _GROUP_ESTIMATORS:
+    estimator = OmegaConf.select(config, "algorithm.adv_estimator", default="") or ""
+    estimator = str(getattr(estimator, "value", estimator))
+    supported = ", ".join(supported_with_aborted_groups())
+    if estimator not in ESTIMATORS_WITH_ABORTED_GROUPS:
         raise ValueError(
-            f"{RATE_KEY} > 0 with algorithm.adv_estimator={estimator}: aborted rows (score 0) would count in the "
-            f"group statistics. Use algorithm.adv_estimator={_GROUP_ESTIMATORS[estimator]}."
+            f"{RATE_KEY} > 0 with algorithm.adv_estimator={estimator}: not checked with aborted rows (score 0, empty "
+            f"response). Use one of: {supported}."
         )
+    reason = ESTIMATORS_WITH_ABORTED_GROUPS[estimator]
+    if reason is not None:
+        raise ValueError(f"{RATE_KEY} > 0 with algorithm.adv_estimator={estimator}: {reason}. Use one of: {supported}.")
+    if OmegaConf.select(config, "critic.enable", default=None):
+        raise ValueError(f"{RATE_KEY} > 0 with critic.enable=True: the critic's value loss would fit the aborted rows")
     if not has_actor_setup(config):
         raise ValueError(
             f"{RATE_KEY} > 0 needs the actor to leave aborted rows out (in verl 0.7.1 a micro-batch of aborted rows "

@@ -29,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from omegaconf import open_dict
@@ -124,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         def step(arm: str, lengths: list[int]) -> dict:
             manager._over_sample_rate = RATES[arm]  # bench only: one set of servers serves both arms
             batch = make_batch([f"tokens={n}" for n in lengths], ["fixed_length_agent"] * len(lengths))
+            # every row its own group (rollout.n = 1): the target counts rows
+            batch.non_tensor_batch["uid"] = np.array([str(row) for row in range(len(lengths))], dtype=object)
             t0 = time.perf_counter()
             out = manager.generate_sequences(batch)
             seconds = time.perf_counter() - t0

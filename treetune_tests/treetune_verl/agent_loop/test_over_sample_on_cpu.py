@@ -1,7 +1,7 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""Over-sampling's pieces: the completion target, the config refusals, the counter (in process and as the real Ray
-actor shared by two workers' ``OverSampleStep``), the metrics and the trainer's reward hook.
+"""Over-sampling's pieces: the completion target in whole groups, the config refusals, the counter (in process and as
+the real Ray actor shared by two workers' ``OverSampleStep``), the metrics and the trainer's reward hook.
 
 The whole path on a real Engine: ``test_over_sample_standalone_on_cpu.py``.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
 
 import numpy as np
 import pytest
@@ -18,7 +19,13 @@ import torch
 from omegaconf import OmegaConf
 from verl.protocol import DataProto
 
-from treetune_verl.agent_loop.over_sample import CompletionCounter, OverSampleStep, StepCounter, completion_target
+from treetune_verl.agent_loop.over_sample import (
+    CompletionCounter,
+    OverSampleStep,
+    StepCounter,
+    completion_target,
+    group_sizes,
+)
 from treetune_verl.rollout.session import new_session_id
 from treetune_verl.trainer.features import check_over_sample_config, over_sample_rate
 from treetune_verl.trainer.metrics import over_sample_metrics
@@ -26,12 +33,12 @@ from treetune_verl.trainer.trainer_seams import _wrap_extract_reward
 
 
 @pytest.mark.parametrize(
-    "rate, batch, target",
+    "rate, groups, target",
     [(0.25, 16, 12), (0.1, 10, 9), (0.0, 7, 7), (0.375, 8, 5), (0.25, 8, 6), (0.99, 3, 1), (0.5, 3, 2)],
 )
-def test_completion_target_is_ceil_of_the_kept_share(rate, batch, target):
-    assert completion_target(rate, batch) == target
-    assert target == max(1, math.ceil(round((1 - rate) * batch, 9)))
+def test_completion_target_is_ceil_of_the_kept_share(rate, groups, target):
+    assert completion_target(rate, groups) == target
+    assert target == max(1, math.ceil(round((1 - rate) * groups, 9)))
 
 
 def test_over_sample_rate_reads_verls_key_and_refuses_out_of_range():
@@ -60,9 +67,10 @@ def test_check_over_sample_config_refuses_settings_that_train_aborted_rows_wrong
     )
     for alias in ("treetune_verl.ppo.actor_setup", "treetune_verl.forecast.actor_setup"):  # deprecated names
         check_over_sample_config(_config(actor_rollout_ref={"model": {"external_lib": alias}}))
-    for estimator, fix in [("grpo", "grpo_valid"), ("rloo", "rloo_valid"), ("grpo_vectorized", "grpo_valid")]:
-        with pytest.raises(ValueError, match=f"adv_estimator={fix}"):
-            check_over_sample_config(_config(algorithm={"adv_estimator": estimator}))
+    for estimator in ("grpo", "rloo", "grpo_vectorized"):  # whole groups: verl's own statistics are right
+        check_over_sample_config(_config(algorithm={"adv_estimator": estimator}))
+    with pytest.raises(ValueError, match="adv_estimator=gpg: its batch-wide scale .* Use one of: .*grpo,"):
+        check_over_sample_config(_config(algorithm={"adv_estimator": "gpg"}))  # the full table: its own test file
     with pytest.raises(ValueError, match="external_lib=treetune_verl.trainer.actor_setup"):
         check_over_sample_config(_config(actor_rollout_ref={"model": {"external_lib": None}}))
     with pytest.raises(ValueError, match="use_legacy_worker_impl"):
@@ -71,17 +79,42 @@ def test_check_over_sample_config_refuses_settings_that_train_aborted_rows_wrong
         check_over_sample_config(_config(actor_rollout_ref={"rollout": {"enable_rollout_routing_replay": True}}))
 
 
-async def test_step_counter_hands_out_exactly_target_slots():
+async def test_step_counter_keeps_the_first_whole_groups_to_complete():
+    """Groups of 2, target 2: a finished row waits for its group; the first two groups to complete are kept (each
+    with every row), the waiting row of the third is dropped when the target is reached, a row stopping later is
+    dropped at once."""
     counter = StepCounter()
-    await counter.begin("s", 2)
-    waiter = asyncio.create_task(counter.wait("s"))
-    assert await counter.claim("s") is True
-    await asyncio.sleep(0)
-    assert not waiter.done()
-    assert await counter.claim("s") is True
-    await asyncio.wait_for(waiter, 1)
-    assert await counter.claim("s") is False and await counter.claim("s") is False
+    await counter.begin("s", 2, {"a": 2, "b": 2, "c": 2})
+    reached = asyncio.create_task(counter.wait("s"))
+    a_first = asyncio.create_task(counter.settle("s", "a"))
+    b_first = asyncio.create_task(counter.settle("s", "b"))
+    await asyncio.sleep(0.01)
+    assert not a_first.done() and not b_first.done()  # their groups are still running
+    assert await counter.settle("s", "b") is True  # b complete: kept, and its waiting row with it
+    assert await asyncio.wait_for(b_first, 1) is True
+    assert not a_first.done() and not reached.done()
+    c_first = asyncio.create_task(counter.settle("s", "c"))
+    assert await counter.settle("s", "c") is True  # c completes second: the target
+    assert await asyncio.wait_for(c_first, 1) is True
+    await asyncio.wait_for(reached, 1)
+    assert await asyncio.wait_for(a_first, 1) is False  # a did not complete in time
+    assert await counter.settle("s", "a") is False  # its last row, after the target
     assert await counter.open_steps() == 1 and await counter.end("s") == 2 and await counter.open_steps() == 0
+
+
+async def test_step_counter_refuses_what_is_not_a_group_of_the_batch():
+    counter = StepCounter()
+    with pytest.raises(ValueError, match="target 3 groups of 2"):
+        await counter.begin("s", 3, {"a": 1, "b": 1})
+    await counter.begin("s", 1, {"a": 1, "b": 1})
+    with pytest.raises(KeyError, match="group 'z' is not in the batch"):
+        await counter.settle("s", "z")
+
+
+def test_group_sizes_count_the_uid_column_and_refuse_a_batch_without_it():
+    assert group_sizes(np.array(["u1", "u1", "u2", "u1"], dtype=object)) == {"u1": 3, "u2": 1}
+    with pytest.raises(ValueError, match=r'non_tensor_batch\["uid"\]'):
+        group_sizes(None)
 
 
 class _RecordingServers:
@@ -104,31 +137,49 @@ def local_ray():
     ray.shutdown()
 
 
-async def test_two_workers_share_one_batch_wide_target_on_the_real_actor(local_ray):
-    """20 trajectories over two workers, target 13: exactly 13 kept whatever the interleaving; once the target is
-    reached, each worker aborts exactly its trajectories still open; a late finisher is dropped."""
+async def test_two_workers_keep_whole_groups_split_between_them_on_the_real_actor(local_ray):
+    """10 groups of 2, each split over two workers (row 0 on one, row 1 on the other), target 8: exactly 8 groups are
+    kept, each with both rows, whatever the interleaving; the 9th group to finish is dropped (both rows); once the
+    target is reached each worker aborts exactly its trajectories still open."""
     counter = CompletionCounter.remote()
-    await counter.begin.remote("step", 13)
+    groups = [f"g{i}" for i in range(10)]
+    await counter.begin.remote("step", completion_target(0.25, len(groups)), dict.fromkeys(groups, 2))
     servers = [_RecordingServers(), _RecordingServers()]
     steps = [OverSampleStep(counter, "step"), OverSampleStep(counter, "step")]
     watchers = [asyncio.create_task(s.abort_when_target_reached(srv)) for s, srv in zip(steps, servers, strict=True)]
-    sessions = [[new_session_id() for _ in range(10)] for _ in steps]
+    sessions = [[new_session_id() for _ in groups] for _ in steps]  # sessions[w][g]: row w of group g
     for step, own in zip(steps, sessions, strict=True):
         for session in own:
             step.open(session)
-    # 8 + 6 trajectories finish concurrently (14 claims for 13 slots); the other 6 are still running
-    finishing = [(steps[0], s) for s in sessions[0][:8]] + [(steps[1], s) for s in sessions[1][:6]]
-    kept = await asyncio.gather(*[step.settle(session) for step, session in finishing])
+    # groups 0..8 finish (both rows, concurrently, shuffled); group 9 is still running on both workers
+    finishing = [(w, g) for g in range(9) for w in range(2)]
+    random.Random(0).shuffle(finishing)
+    kept = await asyncio.gather(*[steps[w].settle(sessions[w][g], groups[g]) for w, g in finishing])
     await asyncio.wait_for(asyncio.gather(*watchers), 10)
-    assert sum(kept) == 13
+    fate: dict[int, set[bool]] = {}
+    for (_, g), keep in zip(finishing, kept, strict=True):
+        fate.setdefault(g, set()).add(keep)
+    assert all(len(f) == 1 for f in fate.values())  # both rows of a group share its fate
+    assert sum(f == {True} for f in fate.values()) == 8
     assert all(step.target_reached for step in steps)
-    assert sorted(servers[0].aborted) == sorted(sessions[0][8:]) and sorted(servers[1].aborted) == sorted(
-        sessions[1][6:]
-    )
-    assert steps[0].aborted_sessions == sorted(sessions[0][8:])
-    # an aborted trajectory that stops afterwards is dropped without a claim
-    assert await steps[1].settle(sessions[1][7]) is False
-    assert await counter.end.remote("step") == 13
+    for w in range(2):
+        assert servers[w].aborted == [sessions[w][9]] and steps[w].aborted_sessions == [sessions[w][9]]
+    # an aborted trajectory that stops afterwards is dropped without asking the counter
+    assert await steps[1].settle(sessions[1][9], groups[9]) is False
+    assert await counter.end.remote("step") == 8
+
+
+async def test_more_waiting_rows_than_rays_default_concurrency_on_the_real_actor(local_ray):
+    """1500 groups of 2: the first row of every group waits at the actor before any second row arrives (1500 waiting
+    calls, over Ray's default of 1000 for an async actor, which would queue the completing rows behind them)."""
+    counter = CompletionCounter.remote()
+    groups = [f"g{i}" for i in range(1500)]
+    await counter.begin.remote("big", len(groups), dict.fromkeys(groups, 2))
+    first = [counter.settle.remote("big", g) for g in groups]
+    await asyncio.sleep(1.0)
+    second = [counter.settle.remote("big", g) for g in groups]
+    kept = await asyncio.wait_for(asyncio.gather(*first, *second), 120)
+    assert all(kept) and await counter.end.remote("big") == 1500
 
 
 def test_over_sample_metrics_by_hand():

@@ -7,11 +7,13 @@ Heavy-tailed rows, deterministic on a random model: the model's ``eos_token_id``
 turns end after a few tokens (the standalone test's model); two ``fixed_length_agent`` rows ignore end-of-sequence
 and run to ``response_length`` (``fakes.FixedLengthAgentLoop``: only their sampling parameters differ); one tool-loop row
 talks to a user who thinks ``SLOW_USER_S`` seconds before replying, so it sits between two turns, outside sglang,
-when the abort comes. With ``over_sample_rate=0.375`` on 8 rows the target is ``ceil(0.625 * 8) = 5``: the five fast
-rows (four single-turn, one tool loop with a prompt user) are kept, the three slow ones aborted.
+when the abort comes. The 8 rows form 4 groups of 2 (their ``uid``, as verl's trainer sets it); with
+``over_sample_rate=0.5`` the target is ``ceil(0.5 * 4) = 2`` whole groups: the two groups of fast rows (single-turn,
+and a tool loop with a prompt user) are kept; the other two are aborted whole, including group C's fast row, which
+finished but whose group did not (a trained group is never partial).
 
 Checked, on two consecutive training steps and a validation batch with the same setting: every row returned; exactly
-three aborted, the slow ones, each empty and marked (``rollout_aborted``, ``response_mask`` / attention / log-probs /
+the four rows of groups C and D aborted, each empty and marked (``rollout_aborted``, ``response_mask`` / attention / log-probs /
 entropy 0); kept rows carry the entropy and log-probs the engine served (an independent teacher-forced HF
 recomputation, as in the standalone test); the validation batch aborts nothing; after each step the servers hold no
 aborted session, the counter no open step and the scheduler no entropy state; after ``ray.shutdown()`` no process of
@@ -25,6 +27,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import ray
 import torch
@@ -56,23 +59,24 @@ pytest.importorskip("uvicorn", reason="sglang's http_server (imported by verl's 
 pytest.importorskip("multipart", reason="sglang's http_server needs python-multipart")
 pytestmark = pytest.mark.usefixtures("driver_state_restored")
 
-RATE = 0.375
-ROWS = [  # (agent loop, prompt, interaction)
-    ("entropy_single_turn_agent", "short", "scripted"),
-    ("entropy_single_turn_agent", "short", "scripted"),
-    ("entropy_single_turn_agent", "short", "scripted"),
-    ("entropy_single_turn_agent", "short", "scripted"),
-    ("entropy_tool_agent", "short", "scripted"),
-    ("fixed_length_agent", f"tokens={RESPONSE_LENGTH}", "scripted"),
-    ("entropy_tool_agent", "short", "slow"),
-    ("fixed_length_agent", f"tokens={RESPONSE_LENGTH}", "scripted"),
+RATE = 0.5
+ROWS = [  # (agent loop, prompt, interaction, group)
+    ("entropy_single_turn_agent", "short", "scripted", "A"),
+    ("entropy_single_turn_agent", "short", "scripted", "A"),
+    ("entropy_single_turn_agent", "short", "scripted", "B"),
+    ("entropy_tool_agent", "short", "scripted", "B"),
+    ("entropy_single_turn_agent", "short", "scripted", "C"),  # finishes fast, dropped with its group
+    ("fixed_length_agent", f"tokens={RESPONSE_LENGTH}", "scripted", "C"),
+    ("entropy_tool_agent", "short", "slow", "D"),
+    ("fixed_length_agent", f"tokens={RESPONSE_LENGTH}", "scripted", "D"),
 ]
-SLOW_ROWS = [5, 6, 7]
+ABORTED_ROWS = [4, 5, 6, 7]
 
 
 def _batch(validate: bool = False):
-    names, plans, interactions = (list(column) for column in zip(*ROWS, strict=True))
+    names, plans, interactions, groups = (list(column) for column in zip(*ROWS, strict=True))
     batch = make_batch(plans, names, interactions)
+    batch.non_tensor_batch["uid"] = np.array(groups, dtype=object)
     batch.meta_info["validate"] = validate
     return batch
 
@@ -155,8 +159,8 @@ def test_over_sampling_aborts_the_long_tail_on_a_real_engine(tiny_model_dir, tmp
             long_lengths = [len(unpadded(out, i)[1]) for i in (5, 7)]
             assert long_lengths == [out.batch["responses"].shape[1]] * 2  # ran to response_length
         else:
-            assert aborted == SLOW_ROWS, f"step {step}: aborted rows {aborted}"
-            for i in SLOW_ROWS:
+            assert aborted == ABORTED_ROWS, f"step {step}: aborted rows {aborted}"
+            for i in ABORTED_ROWS:
                 _check_aborted_row(out, i)
             assert out.meta_info[PENDING_METRICS_KEY]["rollout/wall_time_s"] > 0
         for i in range(len(ROWS)):

@@ -151,8 +151,8 @@ def _config(**sections):
             "entropy_forecast",
             "use_legacy_worker_impl",
         ),
-        (  # over-sampling with verl's grpo, which counts aborted rows in the group statistics
-            {"algorithm": {"adv_estimator": "grpo"}, "actor_rollout_ref": {"rollout": {"over_sample_rate": 0.25}}},
+        (  # over-sampling with verl's gpg, whose batch-wide scale counts aborted rows
+            {"algorithm": {"adv_estimator": "gpg"}, "actor_rollout_ref": {"rollout": {"over_sample_rate": 0.25}}},
             "over_sample_rate",
             "adv_estimator",
         ),
