@@ -17,6 +17,9 @@ HAS_ROLLOUT_ENTROPY_KEY = "has_rollout_entropy"
 # DataProto.batch, bool [B]: True for rows cut by over-sampling with abort (rollout.over_sample_rate > 0). Such a row
 # carries nothing into training: its response is empty (attention and response_mask 0) and its reward is 0.
 ROLLOUT_ABORTED_KEY = "rollout_aborted"
+# DataProto.batch, bool [B]: True for the rows whose agent loop raised (rollout.custom.over_sample.abort_failed_rows);
+# they are aborted rows too (ROLLOUT_ABORTED_KEY), and so are the other rows of their group.
+ROLLOUT_FAILED_KEY = "rollout_failed"
 # DataProto.meta_info: {metric name: float} to add to this step's metrics (read by the trainer's
 # compute_data_metrics seam, treetune_verl/trainer/trainer_seams.py).
 PENDING_METRICS_KEY = "treetune_step_metrics"

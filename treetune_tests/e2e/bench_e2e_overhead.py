@@ -8,6 +8,7 @@ sets it), so the ratio isolates the entropy path, not the cost of rollout logpro
 
     python treetune_tests/e2e/bench_e2e_overhead.py                          # 3 pairs x 5 steps, tiny model
     python treetune_tests/e2e/bench_e2e_overhead.py --pairs 6 --steps 4 --out outputs/bench/e2e_overhead.json
+    python treetune_tests/e2e/bench_e2e_overhead.py --pairs 12 ... --resume   # add pairs to an earlier call's 6
 
 Runs come in pairs (one run of each arm); the order within a pair is balanced and seeded (ABBA: each block of two
 pairs is a shuffled [block-stock, stock-block]), so that a drift of the machine over time hits both arms alike. Each
@@ -105,7 +106,7 @@ def run_once(arm: str, pair: int, args: argparse.Namespace) -> dict:
     if args.fixed_length:
         env[BENCH_SWITCH] = "1"
     load, wall = os.getloadavg()[0], None
-    if not args.reuse:
+    if not (args.reuse or (args.resume and finished(work, args.steps))):
         start = time.monotonic()
         result = subprocess.run(["bash", str(E2E_SCRIPT)], env=env, capture_output=True, text=True)
         wall = time.monotonic() - start
@@ -122,6 +123,12 @@ def run_once(arm: str, pair: int, args: argparse.Namespace) -> dict:
     wall_text = "reused" if wall is None else f"{wall:.1f} s wall"
     print(f"  pair {pair} {arm}: {wall_text}, load {load:.2f} before; median after step 1: {shown}", flush=True)
     return run
+
+
+def finished(work: Path, steps: int) -> bool:
+    """Whether ``work`` holds a finished run of ``steps`` training steps (``--resume`` keeps it)."""
+    path = work / "metrics.jsonl"
+    return path.exists() and len(training_steps(read_steps(path))) >= steps
 
 
 def step_seconds(metrics: dict) -> dict[str, float]:
@@ -251,6 +258,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, default=REPO_ROOT / "outputs" / "bench", help="parent of the workdirs")
     parser.add_argument(
         "--reuse", action="store_true", help="run nothing: summarize the workdirs of an earlier run with these options"
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the finished runs of an earlier call with these options (same --root, --seed) and run the rest: "
+        "more pairs over several sittings (each pair is still run back to back)",
     )
     parser.add_argument(
         "--budget-s", type=float, default=None, help="start no pair that would end after this many seconds"

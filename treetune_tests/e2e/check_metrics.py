@@ -230,6 +230,7 @@ def _check_over_sampling(errors: list[str], metrics: dict, aborted_ratio: float)
     _need(errors, metrics, COMPLETED_SCORE, lambda v: abs(v - verl_score) < 1e-6, f"{VERL_SCORE} ({verl_score})")
     _need(errors, metrics, ZERO_SCORE, lambda v: True, "a finite number")
     _need(errors, metrics, "rollout/wall_time_s", lambda v: v > 0, "> 0")
+    _need(errors, metrics, "rollout/failed_rows", lambda v: v == 0, "0 (no agent loop raised)")
 
 
 def _check_forking_tokens(errors: list[str], metrics: dict, quantile: float) -> None:

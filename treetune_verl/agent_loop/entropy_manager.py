@@ -86,9 +86,10 @@ class EntropyAgentLoopManager(AgentLoopManager):
             )
         check_rollout_config(rollout_config)
         # This process is the trainer's (fit runs here): check the run's features and install the trainer's seams.
-        self._over_sample_rate = trainer_setup.install(config).over_sample_rate
+        features = trainer_setup.install(config)
+        self._over_sample_rate, self._abort_failed_rows = features.over_sample_rate, features.abort_failed_rows
         # Started before training (a Ray actor takes seconds to start): one per manager, a key per step.
-        self._completion_counter: Any = CompletionCounter.remote() if self._over_sample_rate > 0 else None
+        self._completion_counter: Any = CompletionCounter.remote() if features.aborts_rows else None
         if not hasattr(self, "rollout_replica_class"):
             # Imported here: it imports sglang, which only the processes that start servers need.
             from treetune_verl.rollout.replica import EntropySGLangReplica
@@ -108,7 +109,7 @@ class EntropyAgentLoopManager(AgentLoopManager):
         validate = prompts.meta_info.get("validate", False)
         self._timing_on = not validate  # validation's seconds are not a training step's
         step = None
-        if not validate and self._over_sample_rate > 0:
+        if not validate and self._completion_counter is not None:
             with SECONDS.timed(OVER_SAMPLING):
                 step = await self._begin_over_sample(prompts)
         start = time.perf_counter()
@@ -130,11 +131,20 @@ class EntropyAgentLoopManager(AgentLoopManager):
         return output
 
     async def _begin_over_sample(self, prompts: DataProto) -> str:
-        """Start a step at the counter and put its plan into ``prompts.meta_info`` for the workers; its key."""
+        """Start a step at the counter and put its plan into ``prompts.meta_info`` for the workers; its key.
+
+        Failed rows aborted without over-sampling: the target is every group (nothing is cut; a group with a failed
+        row is dropped whole).
+        """
         sizes = group_sizes(prompts.non_tensor_batch.get("uid"))
         step, target = uuid4().hex, completion_target(self._over_sample_rate, len(sizes))
         await self._completion_counter.begin.remote(step, target, sizes)
-        prompts.meta_info[OVER_SAMPLE_META_KEY] = {"counter": self._completion_counter, "step": step, "target": target}
+        prompts.meta_info[OVER_SAMPLE_META_KEY] = {
+            "counter": self._completion_counter,
+            "step": step,
+            "target": target,
+            "abort_failed_rows": self._abort_failed_rows,
+        }
         return step
 
     def take_validation_metrics(self) -> dict[str, float]:

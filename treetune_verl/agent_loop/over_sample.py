@@ -79,13 +79,21 @@ class StepCounter:
             raise ValueError(f"step {step}: target {target} groups of {len(sizes)}")
         self._steps[step] = _StepCount(target=target, sizes=sizes, reached=asyncio.Event())
 
-    async def settle(self, step: str, group: str) -> bool:
-        """One row of ``group`` stopped: ``True`` to keep it (its group is one of the step's kept groups)."""
+    async def settle(self, step: str, group: str, failed: bool = False) -> bool:
+        """One row of ``group`` stopped: ``True`` to keep it (its group is one of the step's kept groups).
+
+        ``failed``: the row's agent loop raised (failed rows aborted): its group can no longer complete and is
+        dropped, its waiting rows with it.
+        """
         count = self._steps[step]
         if count.reached.is_set():
             return False  # every kept group was complete before this row stopped
         if group not in count.sizes:
             raise KeyError(f"step {step}: group {group!r} is not in the batch")
+        if failed or group in count.failed:
+            count.failed.add(group)
+            count.completed(group).set()  # decided: its waiting rows wake to a group that is not kept
+            return False
         count.finished[group] = count.finished.get(group, 0) + 1
         if count.finished[group] == count.sizes[group]:
             count.kept.add(group)
@@ -120,10 +128,11 @@ class _StepCount:
     reached: asyncio.Event
     finished: dict[str, int] = field(default_factory=dict)
     kept: set[str] = field(default_factory=set)
+    failed: set[str] = field(default_factory=set)
     _completed: dict[str, asyncio.Event] = field(default_factory=dict)
 
     def completed(self, group: str) -> asyncio.Event:
-        """Set when every row of ``group`` has stopped within the target."""
+        """Set when ``group`` is decided before the target: every row stopped (kept), or one failed (dropped)."""
         return self._completed.setdefault(group, asyncio.Event())
 
 
@@ -139,19 +148,23 @@ class OverSampleStep:
     Args:
         counter: the :class:`CompletionCounter` handle from ``prompts.meta_info``.
         step: the step's key at the counter.
+        abort_failed_rows: rows whose agent loop raises become aborted rows (their group dropped).
     """
 
-    def __init__(self, counter: Any, step: str) -> None:
+    def __init__(self, counter: Any, step: str, abort_failed_rows: bool = False) -> None:
         self._counter, self._step = counter, step
+        self.abort_failed_rows = abort_failed_rows  # a loop that raises becomes an aborted row (else: the step fails)
         self._open: set[str] = set()
         self.aborted_sessions: list[str] = []  # sessions this worker aborted (to forget at the servers)
+        self.failed_sessions: set[str] = set()  # sessions whose agent loop raised
         self.target_reached = False
 
     def open(self, session: str) -> None:
         self._open.add(session)
 
-    async def settle(self, session: str, group: str) -> bool:
-        """The trajectory ``session`` of ``group`` stopped (finished or aborted): ``True`` to keep it.
+    async def settle(self, session: str, group: str, failed: bool = False) -> bool:
+        """The trajectory ``session`` of ``group`` stopped (finished, aborted, or ``failed``: its loop raised):
+        ``True`` to keep it.
 
         Waits until its group is decided (a finished row of a group still running waits for the group's last row, or
         for the target).
@@ -159,7 +172,11 @@ class OverSampleStep:
         self._open.discard(session)
         if self.target_reached:
             return False
-        return await self._counter.settle.remote(self._step, group)
+        return await self._counter.settle.remote(self._step, group, failed)
+
+    def is_open(self, session: str) -> bool:
+        """Whether ``session`` has not been settled yet."""
+        return session in self._open
 
     async def abort_when_target_reached(self, server_manager: Any) -> None:
         """Wait for the batch-wide target, then abort every trajectory of this worker still open.
@@ -175,9 +192,10 @@ class OverSampleStep:
                 await server_manager.abort_sessions(self.aborted_sessions)
 
 
-def step_of(meta_info: dict[str, Any]) -> tuple[Any, str] | None:
-    """``(counter, step key)`` when the manager asked for over-sampling in this batch, else ``None``."""
+def plan_of(meta_info: dict[str, Any]) -> dict[str, Any] | None:
+    """The manager's plan for this batch (``counter``, ``step``, ``target``, ``abort_failed_rows``) when its rows run
+    through the counter (over-sampling or failed rows aborted; never in validation), else ``None``."""
     plan = meta_info.get(OVER_SAMPLE_META_KEY)
     if plan is None or meta_info.get("validate", False):
         return None
-    return plan["counter"], plan["step"]
+    return plan

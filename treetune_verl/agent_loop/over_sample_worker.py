@@ -18,21 +18,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from contextvars import ContextVar
 from typing import Any
 
 import torch
-from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, AgentLoopWorker, _InternalAgentLoopOutput
+from verl.experimental.agent_loop.agent_loop import (
+    AgentLoopMetrics,
+    AgentLoopOutput,
+    AgentLoopWorker,
+    _InternalAgentLoopOutput,
+)
 from verl.protocol import DataProto
 
-from treetune_verl.agent_loop.over_sample import OverSampleStep, step_of
+from treetune_verl.agent_loop.over_sample import OverSampleStep, plan_of
 from treetune_verl.agent_loop.session_server_manager import SessionServerManager
 from treetune_verl.agent_loop.trajectory import CURRENT_TRAJECTORY, Trajectory
-from treetune_verl.batch_keys import ROLLOUT_ABORTED_KEY
+from treetune_verl.batch_keys import RESPONSE_ENTROPY_KEY, ROLLOUT_ABORTED_KEY, ROLLOUT_FAILED_KEY
 from treetune_verl.rollout.session import new_session_id
 from treetune_verl.timing import OVER_SAMPLING, SECONDS
 
 _CURRENT_STEP: ContextVar[OverSampleStep | None] = ContextVar("treetune_over_sample_step", default=None)
+logger = logging.getLogger(__name__)
 
 
 class OverSamplingAgentLoopWorker(AgentLoopWorker):
@@ -54,12 +61,12 @@ class OverSamplingAgentLoopWorker(AgentLoopWorker):
         super().__init__(config, servers, load_balancer_handle, reward_loop_worker_handles)
 
     async def generate_sequences(self, batch: DataProto) -> DataProto:
-        plan = step_of(batch.meta_info)
+        plan = plan_of(batch.meta_info)
         if plan is None:
             return await super().generate_sequences(batch)
         if self.processor is not None:
-            raise NotImplementedError("over_sample_rate > 0 with a multi-modal processor is not supported")
-        step = OverSampleStep(*plan)
+            raise NotImplementedError("over-sampling with a multi-modal processor is not supported")
+        step = OverSampleStep(plan["counter"], plan["step"], abort_failed_rows=plan["abort_failed_rows"])
         token = _CURRENT_STEP.set(step)  # copied into every trajectory task the parent creates
         watcher = asyncio.create_task(step.abort_when_target_reached(self.server_manager))
         try:
@@ -83,20 +90,61 @@ class OverSamplingAgentLoopWorker(AgentLoopWorker):
         token = CURRENT_TRAJECTORY.set(Trajectory(session=session, step=step, group=group))
         try:
             return await super()._run_agent_loop(sampling_params, trajectory, **kwargs)
+        except Exception:
+            # Only a failure of the agent loop itself (before its row was settled) becomes an aborted row; one in
+            # verl's postprocessing of a settled row stops the step as before.
+            if step is None or not step.abort_failed_rows or not step.is_open(session):
+                raise
+            self._log_failed_row(kwargs)
+            step.failed_sessions.add(session)
+            # what verl's _run_agent_loop hands its postprocessing: the row's fields, not its own two parameters
+            row_fields = {k: v for k, v in kwargs.items() if k not in ("agent_name", "trace")}
+            return await self._agent_loop_postprocess(self._failed_row_output(kwargs), **row_fields)
         finally:
             CURRENT_TRAJECTORY.reset(token)
 
+    def _log_failed_row(self, kwargs: dict[str, Any]) -> None:
+        """The first failure of this worker with its traceback, later ones in one line (each counts in
+        ``rollout/failed_rows``)."""
+        self._failed_rows = getattr(self, "_failed_rows", 0) + 1
+        where = f"agent loop {kwargs.get('agent_name')!r}, uid {kwargs.get('uid')!r}"
+        if self._failed_rows == 1:
+            logger.exception("%s raised: its row becomes an aborted row and its group is dropped", where)
+        else:
+            logger.warning(
+                "%s raised (failed row %d of this worker; traceback of the first above)", where, self._failed_rows
+            )
+
+    def _failed_row_output(self, kwargs: dict[str, Any]) -> AgentLoopOutput:
+        """An empty output for a row whose loop raised: the chat prompt (as verl's single-turn loop encodes it,
+        truncated from the left to ``prompt_length``), no response."""
+        prompt_ids = self.tokenizer.apply_chat_template(
+            list(kwargs["raw_prompt"]), add_generation_prompt=True, tokenize=True
+        )
+        prompt_ids = list(prompt_ids)[-self.rollout_config.prompt_length :]
+        # No token, so no entropy: an empty list (not a loop that carries none, which the metrics would count).
+        return AgentLoopOutput(
+            prompt_ids=prompt_ids,
+            response_ids=[],
+            response_mask=[],
+            num_turns=0,
+            metrics=AgentLoopMetrics(),
+            extra_fields={RESPONSE_ENTROPY_KEY: []},
+        )
+
     async def _agent_loop_postprocess(self, output: AgentLoopOutput, **kwargs: Any) -> _InternalAgentLoopOutput:
         trajectory = CURRENT_TRAJECTORY.get()
-        keep = True
+        keep, failed = True, False
         if trajectory is not None and trajectory.step is not None:
+            failed = trajectory.session in trajectory.step.failed_sessions
             with SECONDS.timed(OVER_SAMPLING):
-                keep = await trajectory.step.settle(trajectory.session, trajectory.group)
+                keep = await trajectory.step.settle(trajectory.session, trajectory.group, failed)
         if keep and output.response_ids:
             internal = await super()._agent_loop_postprocess(output, **kwargs)
         else:
             internal = await self._empty_response_postprocess(output, **kwargs)
         internal.extra_fields[ROLLOUT_ABORTED_KEY] = not keep
+        internal.extra_fields[ROLLOUT_FAILED_KEY] = failed
         return internal
 
     async def _empty_response_postprocess(self, output: AgentLoopOutput, **kwargs: Any) -> _InternalAgentLoopOutput:
@@ -127,6 +175,8 @@ class OverSamplingAgentLoopWorker(AgentLoopWorker):
         self, inputs: list[_InternalAgentLoopOutput], input_non_tensor_batch: dict | None = None
     ) -> DataProto:
         aborted = [bool(item.extra_fields.pop(ROLLOUT_ABORTED_KEY, False)) for item in inputs]
+        failed = [bool(item.extra_fields.pop(ROLLOUT_FAILED_KEY, False)) for item in inputs]
         data = super()._postprocess(inputs, input_non_tensor_batch=input_non_tensor_batch)
         data.batch[ROLLOUT_ABORTED_KEY] = torch.tensor(aborted, dtype=torch.bool)
+        data.batch[ROLLOUT_FAILED_KEY] = torch.tensor(failed, dtype=torch.bool)
         return data

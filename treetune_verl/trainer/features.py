@@ -6,7 +6,9 @@ Features and the keys that turn them on (any subset, the blocks in any order on 
 
 - rollout entropy: ``actor_rollout_ref.rollout.agent.agent_loop_manager_class`` = our manager (``+treetune=
   rollout_entropy``); the prerequisite of the next three, which its manager and worker carry out;
-- over-sampling with abort: ``actor_rollout_ref.rollout.over_sample_rate`` > 0;
+- over-sampling with abort: ``actor_rollout_ref.rollout.over_sample_rate`` > 0, and/or failed rows aborted
+  (``actor_rollout_ref.rollout.custom.over_sample.abort_failed_rows=true``: a trajectory whose agent loop raises
+  becomes an aborted row and its group is dropped, instead of failing the step);
 - entropy steering: ``actor_rollout_ref.rollout.custom.entropy.{pg_token_quantile, advantage_shaping.alpha}``;
 - managed agent sessions: the loop ``entropy_managed_agent`` (a dataset or ``agent.default_agent_loop``);
 - the live entropy forecast: ``actor_rollout_ref.rollout.custom.entropy_forecast`` (``+treetune_forecast=
@@ -34,6 +36,7 @@ ROLLOUT = "actor_rollout_ref.rollout"
 MANAGER_KEY = f"{ROLLOUT}.agent.agent_loop_manager_class"
 MANAGER_CLASS = "treetune_verl.agent_loop.EntropyAgentLoopManager"
 RATE_KEY = "over_sample_rate"  # verl's own key under actor_rollout_ref.rollout
+FAILED_ROWS_KEY = f"{ROLLOUT}.custom.over_sample.abort_failed_rows"
 EXTERNAL_LIB_KEY = "actor_rollout_ref.model.external_lib"
 ACTOR_SETUP_MODULE = "treetune_verl.trainer.actor_setup"
 # Deprecated aliases of ACTOR_SETUP_MODULE (one release): they install the same.
@@ -61,12 +64,23 @@ def has_actor_setup(config: Any) -> bool:
     return any(lib in (ACTOR_SETUP_MODULE, *ACTOR_SETUP_ALIASES) for lib in external_libs(config))
 
 
+def abort_failed_rows(config: Any) -> bool:
+    """``rollout.custom.over_sample.abort_failed_rows`` (default ``False``); raises naming the key unless a bool."""
+    value = OmegaConf.select(config, FAILED_ROWS_KEY, default=False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise ValueError(f"{FAILED_ROWS_KEY} must be true or false; got {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class RunFeatures:
     """The features one run's config turns on (module docstring)."""
 
     rollout_entropy: bool = False
     over_sample_rate: float = 0.0
+    abort_failed_rows: bool = False
     steering: EntropySteering = EntropySteering()
     forecast: ForecastSettings | None = None
 
@@ -86,16 +100,22 @@ class RunFeatures:
         return cls(
             rollout_entropy=rollout_entropy,
             over_sample_rate=over_sample_rate(rollout),
+            abort_failed_rows=abort_failed_rows(config),
             steering=entropy_steering(rollout),
             forecast=forecast_settings(rollout),
         )
+
+    @property
+    def aborts_rows(self) -> bool:
+        """Whether training steps run through the group counter and may abort rows (over-sampling, failed rows)."""
+        return self.over_sample_rate > 0 or self.abort_failed_rows
 
     @property
     def enabled(self) -> list[str]:
         """Names of the features on, in the order the seams run them."""
         named = {
             "rollout_entropy": self.rollout_entropy,
-            "over_sampling": self.over_sample_rate > 0,
+            "over_sampling": self.aborts_rows,
             "steering": self.steering.active,
             "forecast": self.forecast is not None,
         }
@@ -110,14 +130,18 @@ def check_features(config: Any, rollout_entropy: bool | None = None) -> RunFeatu
         ValueError: naming both keys of each refused combination.
     """
     features = RunFeatures.from_config(config, rollout_entropy)
-    needs_manager = {f"{ROLLOUT}.{RATE_KEY} > 0": features.over_sample_rate > 0, STEERING_KEY: features.steering.active}
+    needs_manager = {
+        f"{ROLLOUT}.{RATE_KEY} > 0": features.over_sample_rate > 0,
+        FAILED_ROWS_KEY: features.abort_failed_rows,
+        STEERING_KEY: features.steering.active,
+    }
     for key, on in needs_manager.items():
         if on and not features.rollout_entropy:
             raise ValueError(
                 f"{key} needs rollout entropy ({MANAGER_KEY}={MANAGER_CLASS}, the +treetune=rollout_entropy block): "
                 "without it nothing reads the key"
             )
-    if features.over_sample_rate > 0:
+    if features.aborts_rows:
         check_over_sample_config(config)
     if features.forecast is not None:
         if not has_actor_setup(config):
@@ -140,29 +164,31 @@ def check_over_sample_config(config: Any) -> None:
             know) or a critic; the actor's loss fix not loaded (``external_lib``); verl's new worker implementation or
             routing replay, which the fixes do not cover.
     """
+    rate = over_sample_rate(OmegaConf.select(config, ROLLOUT, default=None) or {})
+    what = f"{RATE_KEY} > 0" if rate > 0 else f"{FAILED_ROWS_KEY}=true"  # the key that makes rows abort
     estimator = OmegaConf.select(config, "algorithm.adv_estimator", default="") or ""
     estimator = str(getattr(estimator, "value", estimator))
     supported = ", ".join(supported_with_aborted_groups())
     if estimator not in ESTIMATORS_WITH_ABORTED_GROUPS:
         raise ValueError(
-            f"{RATE_KEY} > 0 with algorithm.adv_estimator={estimator}: not checked with aborted rows (score 0, empty "
+            f"{what} with algorithm.adv_estimator={estimator}: not checked with aborted rows (score 0, empty "
             f"response). Use one of: {supported}."
         )
     reason = ESTIMATORS_WITH_ABORTED_GROUPS[estimator]
     if reason is not None:
-        raise ValueError(f"{RATE_KEY} > 0 with algorithm.adv_estimator={estimator}: {reason}. Use one of: {supported}.")
+        raise ValueError(f"{what} with algorithm.adv_estimator={estimator}: {reason}. Use one of: {supported}.")
     if OmegaConf.select(config, "critic.enable", default=None):
-        raise ValueError(f"{RATE_KEY} > 0 with critic.enable=True: the critic's value loss would fit the aborted rows")
+        raise ValueError(f"{what} with critic.enable=True: the critic's value loss would fit the aborted rows")
     if not has_actor_setup(config):
         raise ValueError(
-            f"{RATE_KEY} > 0 needs the actor to leave aborted rows out (in verl 0.7.1 a micro-batch of aborted rows "
+            f"{what} needs the actor to leave aborted rows out (in verl 0.7.1 a micro-batch of aborted rows "
             f"stops the actor's rollout-correction metrics and dilutes its loss): set {EXTERNAL_LIB_KEY}="
             f"{ACTOR_SETUP_MODULE}"
         )
     if OmegaConf.select(config, WORKER_IMPL_KEY, default="auto") == "disable":
-        raise ValueError(f"{RATE_KEY} > 0 supports verl's legacy FSDP workers only ({WORKER_IMPL_KEY})")
+        raise ValueError(f"{what} supports verl's legacy FSDP workers only ({WORKER_IMPL_KEY})")
     if OmegaConf.select(config, f"{ROLLOUT}.enable_rollout_routing_replay", default=False):
-        raise ValueError(f"{RATE_KEY} > 0 does not support {ROLLOUT}.enable_rollout_routing_replay")
+        raise ValueError(f"{what} does not support {ROLLOUT}.enable_rollout_routing_replay")
 
 
 # verl 0.9.1 (the current stack): what runs there so far, and how the rest is refused.
@@ -188,6 +214,7 @@ def check_current_stack(config: Any, verl_version: str) -> RunFeatures:
     default_loop = OmegaConf.select(config, DEFAULT_LOOP_KEY, default=None)
     refused = {
         f"over-sampling with abort ({ROLLOUT}.{RATE_KEY} > 0)": features.over_sample_rate > 0,
+        f"failed rows aborted ({FAILED_ROWS_KEY})": features.abort_failed_rows,
         f"the live entropy forecast ({FORECAST_SECTION})": features.forecast is not None,
         f"managed agent sessions ({DEFAULT_LOOP_KEY}={MANAGED_LOOP})": default_loop == MANAGED_LOOP,
     }

@@ -84,17 +84,21 @@ def actor_agreement_metrics(
     return {f"{AGREEMENT_PREFIX}/mean": float(diff.mean()), f"{AGREEMENT_PREFIX}/max": float(diff.max())}
 
 
-def over_sample_metrics(aborted: torch.Tensor, scores: torch.Tensor) -> dict[str, float]:
+def over_sample_metrics(
+    aborted: torch.Tensor, scores: torch.Tensor, failed: torch.Tensor | None = None
+) -> dict[str, float]:
     """The aborted share of a step and its reward seen two ways (over-sampling with abort).
 
     Args:
         aborted: ``[B]`` bool, ``batch["rollout_aborted"]``.
         scores: ``[B]`` float, each row's score (``token_level_scores.sum(-1)``; 0 for aborted rows).
+        failed: ``[B]`` bool, ``batch["rollout_failed"]`` (rows whose agent loop raised; also aborted), if any.
 
     Returns:
         ``rollout/aborted_ratio``, ``rollout/aborted_rows``; ``rollout/score/completed_mean`` (the completed rows
         only: what verl's ``critic/score/mean`` reports, biased up, since the aborted rows are the long, hard ones)
-        and ``rollout/score/aborted_as_zero_mean`` (every row, aborted ones as 0: biased down).
+        and ``rollout/score/aborted_as_zero_mean`` (every row, aborted ones as 0: biased down); with ``failed``,
+        ``rollout/failed_rows``.
     """
     aborted = aborted.bool()
     scores = scores.double()
@@ -105,4 +109,6 @@ def over_sample_metrics(aborted: torch.Tensor, scores: torch.Tensor) -> dict[str
     }
     if (~aborted).any():
         metrics[f"{OVER_SAMPLE_PREFIX}/score/completed_mean"] = float(scores[~aborted].mean())
+    if failed is not None:
+        metrics[f"{OVER_SAMPLE_PREFIX}/failed_rows"] = float(failed.bool().sum())
     return metrics

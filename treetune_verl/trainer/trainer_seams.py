@@ -43,6 +43,7 @@ from treetune_verl.batch_keys import (
     PENDING_METRICS_KEY,
     ROLLOUT_ABORTED_KEY,
     ROLLOUT_ENTROPY_KEY,
+    ROLLOUT_FAILED_KEY,
 )
 from treetune_verl.patching import Wrap
 from treetune_verl.ppo.entropy_advantage import steer_advantages
@@ -147,7 +148,8 @@ def _wrap_compute_data_metrics(original):
         with SECONDS.timed(OVER_SAMPLING):
             aborted = batch.batch.get(ROLLOUT_ABORTED_KEY, None)
             if aborted is not None:
-                metrics.update(over_sample_metrics(aborted, batch.batch["token_level_scores"].sum(-1)))
+                scores = batch.batch["token_level_scores"].sum(-1)
+                metrics.update(over_sample_metrics(aborted, scores, batch.batch.get(ROLLOUT_FAILED_KEY, None)))
         return metrics
 
     return compute_data_metrics

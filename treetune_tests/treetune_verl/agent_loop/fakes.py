@@ -139,6 +139,8 @@ def _log_slow_user(event: str) -> None:
 SLOW_USER_S = 3.0
 SLOW_USER_LOG = "TREETUNE_TEST_SLOW_USER_LOG"
 FIXED_LENGTH_LOOP = {"name": "fixed_length_agent", "_target_": f"{__name__}.FixedLengthAgentLoop"}
+FAILING_LOOP = {"name": "failing_agent", "_target_": f"{__name__}.FailingAgentLoop"}
+FAILURE = "the tool this task needs is down"
 INTERACTION_CONFIG = {
     "interaction": [
         {"name": "scripted", "class_name": f"{__name__}.ScriptedInteraction", "config": {}},
@@ -158,6 +160,16 @@ class FixedLengthAgentLoop(EntropySingleTurnAgentLoop):
         if found is not None:
             sampling_params = {**sampling_params, "ignore_eos": True, "max_new_tokens": int(found.group(1))}
         return await super().run(sampling_params, **kwargs)
+
+
+class FailingAgentLoop(EntropySingleTurnAgentLoop):
+    """The entropy single-turn loop that raises after its model turn (a tool or environment that fails), like an agent
+    whose environment breaks mid-episode. Select it through an ``agent_loop_config_path`` entry
+    (:data:`FAILING_LOOP`)."""
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any):
+        await super().run(sampling_params, **kwargs)
+        raise RuntimeError(FAILURE)
 
 
 def tool_overrides(workdir: Path) -> list[str]:

@@ -27,7 +27,7 @@ from treetune_verl.agent_loop.over_sample import (
     group_sizes,
 )
 from treetune_verl.rollout.session import new_session_id
-from treetune_verl.trainer.features import check_over_sample_config, over_sample_rate
+from treetune_verl.trainer.features import RunFeatures, check_over_sample_config, over_sample_rate
 from treetune_verl.trainer.metrics import over_sample_metrics
 from treetune_verl.trainer.trainer_seams import _wrap_extract_reward
 
@@ -100,6 +100,39 @@ async def test_step_counter_keeps_the_first_whole_groups_to_complete():
     assert await asyncio.wait_for(a_first, 1) is False  # a did not complete in time
     assert await counter.settle("s", "a") is False  # its last row, after the target
     assert await counter.open_steps() == 1 and await counter.end("s") == 2 and await counter.open_steps() == 0
+
+
+async def test_a_failed_row_drops_its_group_and_wakes_its_waiting_rows():
+    """Failed rows aborted without over-sampling (target = every group): a row whose loop raised decides its group
+    (dropped): the group's waiting row wakes to ``False``, a later row gets ``False`` at once; the other group is kept
+    whole; the target is never reached and nothing waits for it."""
+    counter = StepCounter()
+    await counter.begin("s", 2, {"a": 2, "b": 2})
+    a_first = asyncio.create_task(counter.settle("s", "a"))
+    b_first = asyncio.create_task(counter.settle("s", "b"))
+    await asyncio.sleep(0.01)
+    assert not a_first.done()
+    assert await counter.settle("s", "a", failed=True) is False
+    assert await asyncio.wait_for(a_first, 1) is False
+    assert await counter.settle("s", "b") is True and await asyncio.wait_for(b_first, 1) is True
+    assert await counter.end("s") == 1
+    await counter.begin("t", 1, {"a": 2})
+    assert await counter.settle("t", "a", failed=True) is False
+    assert await counter.settle("t", "a") is False  # a row of a failed group, stopping later
+
+
+def test_abort_failed_rows_reads_its_key_and_needs_what_over_sampling_needs():
+    failed_on = {"custom": {"over_sample": {"abort_failed_rows": True}}}
+    features = RunFeatures.from_config(OmegaConf.create({"actor_rollout_ref": {"rollout": failed_on}}))
+    assert features.abort_failed_rows and features.aborts_rows and features.over_sample_rate == 0
+    assert not RunFeatures.from_config(OmegaConf.create({})).aborts_rows
+    bad = {"actor_rollout_ref": {"rollout": {"custom": {"over_sample": {"abort_failed_rows": "yes"}}}}}
+    with pytest.raises(ValueError, match="custom.over_sample.abort_failed_rows must be true or false"):
+        RunFeatures.from_config(OmegaConf.create(bad))
+    with pytest.raises(ValueError, match="abort_failed_rows=true with algorithm.adv_estimator=gpg"):
+        check_over_sample_config(_config(algorithm={"adv_estimator": "gpg"}, actor_rollout_ref={"rollout": failed_on}))
+    with pytest.raises(ValueError, match="abort_failed_rows=true needs the actor"):
+        check_over_sample_config(_config(actor_rollout_ref={"model": {"external_lib": None}, "rollout": failed_on}))
 
 
 async def test_step_counter_refuses_what_is_not_a_group_of_the_batch():
@@ -195,6 +228,8 @@ def test_over_sample_metrics_by_hand():
         }
     )
     assert "rollout/score/completed_mean" not in over_sample_metrics(torch.ones(2, dtype=torch.bool), torch.zeros(2))
+    failed = torch.tensor([False, True, False, False])
+    assert over_sample_metrics(aborted, scores, failed)["rollout/failed_rows"] == 1.0
 
 
 def test_extract_reward_hook_zeroes_aborted_rows_whoever_scored_them():

@@ -35,6 +35,8 @@ import yaml
 from omegaconf import open_dict
 
 from treetune_tests.treetune_verl.agent_loop.fakes import (
+    FAILING_LOOP,
+    FAILURE,
     FIXED_LENGTH_LOOP,
     SLOW_USER_LOG,
     SLOW_USER_S,
@@ -51,7 +53,7 @@ from treetune_tests.treetune_verl.agent_loop.standalone import (
     teacher_forced,
 )
 from treetune_verl.agent_loop import ROLLOUT_ENTROPY_KEY, EntropyAgentLoopManager
-from treetune_verl.batch_keys import PENDING_METRICS_KEY, ROLLOUT_ABORTED_KEY
+from treetune_verl.batch_keys import PENDING_METRICS_KEY, ROLLOUT_ABORTED_KEY, ROLLOUT_FAILED_KEY
 from treetune_verl.config import AGENT_LOOPS_YAML
 from treetune_verl.sglang.config import INTERNAL_STATE_KEY
 
@@ -73,8 +75,8 @@ ROWS = [  # (agent loop, prompt, interaction, group)
 ABORTED_ROWS = [4, 5, 6, 7]
 
 
-def _batch(validate: bool = False):
-    names, plans, interactions, groups = (list(column) for column in zip(*ROWS, strict=True))
+def _batch(validate: bool = False, rows=ROWS):
+    names, plans, interactions, groups = (list(column) for column in zip(*rows, strict=True))
     batch = make_batch(plans, names, interactions)
     batch.non_tensor_batch["uid"] = np.array(groups, dtype=object)
     batch.meta_info["validate"] = validate
@@ -82,7 +84,7 @@ def _batch(validate: bool = False):
 
 
 def _over_sample_config(model_path, workdir):
-    loops = yaml.safe_load(Path(AGENT_LOOPS_YAML).read_text()) + [FIXED_LENGTH_LOOP]
+    loops = yaml.safe_load(Path(AGENT_LOOPS_YAML).read_text()) + [FIXED_LENGTH_LOOP, FAILING_LOOP]
     (workdir / "loops.yaml").parent.mkdir(parents=True, exist_ok=True)
     (workdir / "loops.yaml").write_text(yaml.safe_dump(loops))
     config = standalone_config(model_path, workdir)
@@ -181,3 +183,52 @@ def test_over_sampling_aborts_the_long_tail_on_a_real_engine(tiny_model_dir, tmp
         if started:
             assert seconds[step] >= SLOW_USER_S, seconds
         print(f"step {step}: {len(started)} slow user repl(ies) in progress and awaited")
+
+
+FAILING_ROWS = [  # (agent loop, prompt, interaction, group): one row of group B raises after its model turn
+    ("entropy_single_turn_agent", "short", "scripted", "A"),
+    ("entropy_single_turn_agent", "short", "scripted", "A"),
+    ("entropy_single_turn_agent", "short", "scripted", "B"),
+    ("failing_agent", "short", "scripted", "B"),
+    ("entropy_single_turn_agent", "short", "scripted", "C"),
+    ("entropy_tool_agent", "short", "scripted", "C"),
+]
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU variant (declared GPU, CPU engine settings)")
+def test_a_failing_agent_loop_becomes_an_aborted_row_and_drops_its_group(tiny_model_dir, tmp_path, monkeypatch):
+    """``custom.over_sample.abort_failed_rows=true`` without over-sampling (rate 0): the row whose loop raises is
+    returned empty, marked ``rollout_failed`` and aborted, the other row of its group (which finished) aborted with it,
+    the other groups kept whole and aligned with HF; the servers keep nothing of the step. Without the key the same
+    loop fails the step (verl's behaviour)."""
+    from transformers import AutoModelForCausalLM
+
+    model_path = model_with_short_turns(tiny_model_dir, tmp_path / "tiny-short-turns")
+    config = _over_sample_config(model_path, tmp_path / "cfg")
+    with open_dict(config):
+        config.actor_rollout_ref.rollout.over_sample_rate = 0.0
+        config.actor_rollout_ref.rollout.custom.over_sample = {"abort_failed_rows": True}
+    with ray_session(monkeypatch) as session:
+        manager = EntropyAgentLoopManager.create(config)
+        [replica] = manager.rollout_replicas
+        session.track(*replica.workers, *replica.servers, *manager.agent_loop_workers)
+        out = manager.generate_sequences(_batch(rows=FAILING_ROWS))
+        after = {
+            "aborted_sessions": ray.get(replica.servers[0].aborted_session_count.remote()),
+            "open_steps": ray.get(manager._completion_counter.open_steps.remote()),
+            "entropy_requests": server_info(manager.server_addresses[0])["internal_states"][0][INTERNAL_STATE_KEY],
+        }
+        manager._abort_failed_rows = False  # the same servers, the key off: the step fails as in stock verl
+        with pytest.raises(Exception, match=FAILURE):
+            manager.generate_sequences(_batch(rows=FAILING_ROWS))
+    assert not session.left, f"processes of the run left after ray.shutdown(): {session.left}"
+    assert after == {"aborted_sessions": 0, "open_steps": 0, "entropy_requests": 0}, after
+    assert out.batch[ROLLOUT_ABORTED_KEY].nonzero().flatten().tolist() == [2, 3]
+    assert out.batch[ROLLOUT_FAILED_KEY].nonzero().flatten().tolist() == [3]
+    for i in (2, 3):
+        _check_aborted_row(out, i)
+    hf = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32).eval()
+    errors = [_check_kept_row(out, i, hf) for i in (0, 1, 4, 5)]
+    print(f"failed row 3, group B aborted; kept rows max |entropy - HF| {max(errors):.1e}")

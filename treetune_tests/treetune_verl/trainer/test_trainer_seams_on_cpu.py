@@ -137,7 +137,7 @@ def test_validation_rollouts_are_kept_by_generate_sequences():
     """Only batches with ``meta_info["validate"]`` are kept, with the three keys the metrics need."""
     manager = object.__new__(EntropyAgentLoopManager)
     manager._validation_rollouts = []
-    manager._over_sample_rate = 0.0
+    manager._completion_counter = None  # no over-sampling, no failed rows aborted
     out = _batch()
     out.batch["responses"] = torch.zeros(3, 3, dtype=torch.long)
 

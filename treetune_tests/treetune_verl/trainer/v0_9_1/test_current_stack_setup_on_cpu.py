@@ -71,6 +71,16 @@ def test_features_not_on_verl_0_9_1_yet_are_refused_before_any_server(name, proc
         _manager(config)
 
 
+def test_failed_rows_aborted_are_refused_before_any_server(process_setup, tiny_model_dir, tmp_path):
+    overrides = [
+        *_command_line(("over_sampling",), tiny_model_dir, tmp_path),
+        "actor_rollout_ref.rollout.over_sample_rate=0",
+        "+actor_rollout_ref.rollout.custom.over_sample.abort_failed_rows=true",
+    ]
+    with pytest.raises(ValueError, match="failed rows aborted .*abort_failed_rows.* does not run on verl 0.9.1 yet"):
+        _manager(_compose(overrides))
+
+
 @pytest.mark.parametrize("name", ["forking_tokens", "advantage_shaping"])
 def test_steering_starts_on_verl_0_9_1(name, process_setup, tiny_model_dir, tmp_path):
     """Forking tokens and advantage shaping run in the trainer's process (the V1 seam after _compute_advantage)."""
