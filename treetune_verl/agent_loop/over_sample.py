@@ -97,17 +97,13 @@ class StepCounter:
         count.finished[group] = count.finished.get(group, 0) + 1
         if count.finished[group] == count.sizes[group]:
             count.kept.add(group)
+            count.completed(group).set()
             if len(count.kept) == count.target:
                 count.reached.set()
-            count.completed(group).set()
+                for other in count.sizes:  # every group still undecided is dropped: wake its waiting rows
+                    count.completed(other).set()
             return True
-        completed = asyncio.ensure_future(count.completed(group).wait())
-        reached = asyncio.ensure_future(count.reached.wait())
-        try:
-            await asyncio.wait({completed, reached}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            completed.cancel()
-            reached.cancel()
+        await count.completed(group).wait()
         return group in count.kept
 
     async def wait(self, step: str) -> None:
@@ -132,7 +128,8 @@ class _StepCount:
     _completed: dict[str, asyncio.Event] = field(default_factory=dict)
 
     def completed(self, group: str) -> asyncio.Event:
-        """Set when ``group`` is decided before the target: every row stopped (kept), or one failed (dropped)."""
+        """Set when ``group`` is decided: every row stopped within the target (kept), one failed, or the target was
+        reached without it (dropped)."""
         return self._completed.setdefault(group, asyncio.Event())
 
 
