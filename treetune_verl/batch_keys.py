@@ -20,12 +20,24 @@ ROLLOUT_ABORTED_KEY = "rollout_aborted"
 # DataProto.batch, bool [B]: True for the rows whose agent loop raised (rollout.custom.over_sample.abort_failed_rows);
 # they are aborted rows too (ROLLOUT_ABORTED_KEY), and so are the other rows of their group.
 ROLLOUT_FAILED_KEY = "rollout_failed"
+# DataProto.batch, int64 [B] (carry-over only): how many leading response tokens of a trained row were sampled at
+# earlier steps (by older weights); 0 for fresh and aborted rows.
+ROLLOUT_RESUMED_TOKENS_KEY = "rollout_resumed_tokens"
 # DataProto.meta_info: {metric name: float} to add to this step's metrics (read by the trainer's
 # compute_data_metrics seam, treetune_verl/trainer/trainer_seams.py).
 PENDING_METRICS_KEY = "treetune_step_metrics"
-# DataProto.meta_info of a training batch's prompts: {"counter", "step", "target"} for the agent-loop workers
-# (over-sampling with abort).
+# DataProto.meta_info of a training batch's prompts: {"counter", "step", "target", "abort_failed_rows", "carry_over",
+# "global_step"} for the agent-loop workers (over-sampling with abort, agent_loop/over_sample.py plan_of).
 OVER_SAMPLE_META_KEY = "treetune_over_sample"
+# AgentLoopOutput.extra_fields, loop -> worker (popped by the worker): {"stop_reason", "sampling_params"} of the loop's
+# last request ("abort": cut), set by the loops whose rows can be resumed (carry-over).
+RESUME_KEY = "treetune_resume"
+# DataProto.non_tensor_batch of a training batch's prompts, object [B] (CarriedRow or None): what a row resumes from
+# (over-sampling with carry-over; manager -> worker, popped by the manager from the output).
+CARRIED_ROW_KEY = "treetune_carried_row"
+# DataProto.non_tensor_batch of the output, object [B] (CarriedRow or None): what an aborted row generated, for the
+# next step (worker -> manager, popped by the manager).
+CARRY_RECORD_KEY = "treetune_carry_record"
 # DataProto.non_tensor_batch, object [B] ({feature: seconds} or None): the seconds an agent-loop worker spent in our
 # code for the batch (on its first row), popped by the manager (treetune_verl/timing.py).
 TIMING_KEY = "treetune_timing_s"

@@ -29,6 +29,10 @@ Variant checks (``E2E_VARIANT=full|resume`` of ``test_entropy_e2e.sh``):
   verl's own ``response/aborted_ratio`` (rows with an empty response) both equal R, ``rollout/score/completed_mean``
   equals verl's ``critic/score/mean`` (both over completed rows), ``rollout/score/aborted_as_zero_mean`` and
   ``rollout/wall_time_s`` are logged.
+- ``--carry-over`` (over-sampling with carry-over, ``E2E_CARRY_OVER=1``): at every step the carry-over metrics
+  (``rollout/carry_over/...``: groups resumed and carried, tokens generated / trained / discarded, backlog) and verl's
+  rollout-correction metrics (``rollout_corr/...``) are logged, every step after the first resumes the groups the
+  previous one carried, and carried rows are trained in at least one step.
 - ``--pg-token-quantile Q`` (forking tokens, ``E2E_PG_TOKEN_QUANTILE``): at every step ``pg_token_mask/kept_share``
   is in ``[Q, Q + 0.05]`` (ties at the threshold are kept), the threshold is logged, and the kept tokens' mean rollout
   entropy is above the dropped ones'.
@@ -145,6 +149,7 @@ def check(
     max_entropy_diff: float | None = None,
     entropy: bool = True,
     aborted_ratio: float | None = None,
+    carry_over: bool = False,
     pg_token_quantile: float | None = None,
     forecast_every: int | None = None,
 ) -> list[str]:
@@ -205,6 +210,8 @@ def check(
         if forecast_every is not None and (metrics["step"] - trained[0]["step"]) % forecast_every == 0:
             for key in FORECAST_KEYS:
                 _need(errors, metrics, key, lambda v: True, "a finite number (the forecast block's probed step)")
+    if carry_over:
+        _check_carry_over(errors, trained)
     if val and trained:
         before = [m for m in steps if is_validation_only(m) and m["step"] == trained[0]["step"] - 1]
         if not before:
@@ -231,6 +238,38 @@ def _check_over_sampling(errors: list[str], metrics: dict, aborted_ratio: float)
     _need(errors, metrics, ZERO_SCORE, lambda v: True, "a finite number")
     _need(errors, metrics, "rollout/wall_time_s", lambda v: v > 0, "> 0")
     _need(errors, metrics, "rollout/failed_rows", lambda v: v == 0, "0 (no agent loop raised)")
+
+
+CARRY_OVER = "rollout/carry_over/"
+CARRY_OVER_KEYS = tuple(
+    CARRY_OVER + key
+    for key in (
+        "groups_resumed",
+        "groups_carried",
+        "rows_trained",
+        "tokens_trained",
+        "tokens_generated",
+        "tokens_carried",
+        "tokens_discarded",
+        "discarded_share",
+        "backlog",
+    )
+)
+
+
+def _check_carry_over(errors: list[str], trained: list[dict]) -> None:
+    previous = None
+    for metrics in trained:
+        for key in CARRY_OVER_KEYS:
+            _need(errors, metrics, key, lambda v: v >= 0, ">= 0 (carry-over on)")
+        if not any(key.startswith("rollout_corr/") for key in metrics):
+            errors.append(f"step {metrics['step']}: no rollout_corr/ metric (algorithm.rollout_correction off?)")
+        if previous is not None:
+            carried = previous.get(CARRY_OVER + "groups_carried")
+            _need(errors, metrics, CARRY_OVER + "groups_resumed", lambda v, c=carried: v == c, f"{carried} (carried)")
+        previous = metrics
+    if trained and not sum(m.get(CARRY_OVER + "rows_trained", 0) for m in trained):
+        errors.append("no carried row was trained in any step")
 
 
 def _check_forking_tokens(errors: list[str], metrics: dict, quantile: float) -> None:
@@ -305,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         "--no-entropy", action="store_true", help="a run without the override block: skip the entropy checks"
     )
     parser.add_argument("--aborted-ratio", type=float, default=None, help="over-sampling: expected aborted share")
+    parser.add_argument("--carry-over", action="store_true", help="over-sampling with carry-over: its metrics")
     parser.add_argument("--pg-token-quantile", type=float, default=None, help="forking tokens: the configured q")
     parser.add_argument("--json", type=Path, default=None, help="also write the per-step acceptance metrics here")
     parser.add_argument(
@@ -333,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         max_entropy_diff=args.max_entropy_diff,
         entropy=not args.no_entropy,
         aborted_ratio=args.aborted_ratio,
+        carry_over=args.carry_over,
         pg_token_quantile=args.pg_token_quantile,
         forecast_every=args.forecast_every,
     )

@@ -10,6 +10,8 @@ import json
 import pytest
 
 from treetune_tests.e2e.check_metrics import (
+    CARRY_OVER,
+    CARRY_OVER_KEYS,
     ENTROPY_DIFF,
     ENTROPY_MEAN,
     GRAD_NORM,
@@ -213,3 +215,26 @@ def test_feature_shares_are_medians_over_the_steps_after_the_first():
     assert "steering" in table(shares)
     with pytest.raises(ValueError, match="at least 2 steps"):
         feature_shares(steps[:1])
+
+
+def _carried(step: int, resumed: int, carried: int, trained_rows: int) -> dict:
+    counts = dict.fromkeys(CARRY_OVER_KEYS, 0.0)
+    counts |= {
+        CARRY_OVER + "groups_resumed": resumed,
+        CARRY_OVER + "groups_carried": carried,
+        CARRY_OVER + "rows_trained": trained_rows,
+    }
+    return _train(step, **counts, **{"rollout_corr/rollout_is_mean": 1.0})
+
+
+def test_carry_over_checks():
+    steps = [_carried(1, 0, 1, 0), _carried(2, 1, 1, 2), _carried(3, 1, 0, 1)]
+    assert check(steps, min_steps=3, carry_over=True) == []
+    lost = [_carried(1, 0, 1, 0), _carried(2, 0, 1, 2)]  # step 1 carried a group that step 2 did not resume
+    assert any("groups_resumed" in e for e in check(lost, min_steps=2, carry_over=True))
+    never = [_carried(1, 0, 1, 0), _carried(2, 1, 0, 0)]
+    assert "no carried row was trained in any step" in check(never, min_steps=2, carry_over=True)
+    no_correction = [{k: v for k, v in m.items() if not k.startswith("rollout_corr/")} for m in steps]
+    assert any("no rollout_corr/ metric" in e for e in check(no_correction, min_steps=3, carry_over=True))
+    missing = [{k: v for k, v in m.items() if k != CARRY_OVER + "backlog"} for m in steps]
+    assert any("backlog" in e for e in check(missing, min_steps=3, carry_over=True))

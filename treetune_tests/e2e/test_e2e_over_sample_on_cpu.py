@@ -1,6 +1,7 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""Over-sampling with abort in verl 0.7.1's own GRPO trainer on CPU (``E2E_OVER_SAMPLE`` of ``test_entropy_e2e.sh``).
+"""Over-sampling with abort in verl 0.7.1's own GRPO trainer on CPU (``E2E_OVER_SAMPLE`` of ``test_entropy_e2e.sh``),
+and with carry-over (``E2E_CARRY_OVER=1``, last test).
 
 The tiny e2e run (4 prompts x n = 2 = 8 rows per step) with ``actor_rollout_ref.rollout.over_sample_rate=0.25``,
 ``algorithm.adv_estimator=grpo_valid`` and ``actor_rollout_ref.model.external_lib=treetune_verl.trainer.actor_setup``,
@@ -41,6 +42,13 @@ def test_over_sample_arguments(tiny_model_dir, tmp_path):
     } <= set(over)
     refused = run_script({**env, "E2E_OVER_SAMPLE": "0.25", "E2E_BLOCK": "0"}, timeout=60)
     assert refused.returncode == 2 and "needs the override block" in refused.stderr
+    carry = run_script({**env, "E2E_OVER_SAMPLE": "0.25", "E2E_CARRY_OVER": "1"}, timeout=300).stdout.splitlines()
+    assert {
+        "+actor_rollout_ref.rollout.custom.over_sample.carry_over=true",
+        "algorithm.rollout_correction.rollout_is=token",
+    } <= set(carry) - set(over)
+    refused = run_script({**env, "E2E_CARRY_OVER": "1"}, timeout=60)
+    assert refused.returncode == 2 and "needs over-sampling" in refused.stderr
 
 
 @pytest.mark.slow
@@ -57,4 +65,29 @@ def test_grpo_with_over_sampling_trains_every_step():
         assert metrics["response/aborted_ratio"] == 0.25  # verl's own count of empty responses: the same rows
         assert math.isfinite(metrics[PG_LOSS]) and math.isfinite(metrics[GRAD_NORM]) and metrics[GRAD_NORM] > 0
         assert metrics["rollout/score/aborted_as_zero_mean"] <= metrics["rollout/score/completed_mean"]
+    print(result.stdout[-2000:])
+
+
+CARRY_WORKDIR = REPO_ROOT / "outputs" / "e2e-test-carry-over"
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU variant; on a GPU run the script directly")
+def test_grpo_with_carry_over_resumes_and_trains_the_aborted_groups():
+    """``E2E_CARRY_OVER=1``: 4 steps; each aborts 1 of 4 groups, which the next resumes (``check_metrics
+    --carry-over``), with verl's token-level rollout correction; the entropy agreement (fresh tokens) keeps its bound."""
+    env = {"E2E_MODEL": "tiny", "E2E_OVER_SAMPLE": "0.25", "E2E_CARRY_OVER": "1", "E2E_STEPS": "4"}
+    result = run_script({**env, "E2E_WORKDIR": str(CARRY_WORKDIR)}, timeout=1800)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    steps = training_steps(read_steps(CARRY_WORKDIR / "metrics.jsonl"))
+    assert [m["step"] for m in steps] == [1, 2, 3, 4]
+    carried = "rollout/carry_over/"
+    assert steps[0][carried + "groups_resumed"] == 0
+    for before, metrics in zip(steps, steps[1:], strict=False):
+        assert metrics[carried + "groups_resumed"] == before[carried + "groups_carried"] >= 1
+    assert sum(m[carried + "rows_trained"] for m in steps) > 0
+    for metrics in steps:
+        assert metrics["rollout/aborted_ratio"] == 0.25
+        assert math.isfinite(metrics[PG_LOSS]) and metrics[GRAD_NORM] > 0
     print(result.stdout[-2000:])

@@ -43,7 +43,7 @@
 # Env: E2E_MODEL (smollm2 | tiny: the random tiny Qwen2 of treetune_tests/tiny_model.py), MODEL_PATH (overrides
 # E2E_MODEL), E2E_DEVICE (auto | cpu | cuda), E2E_VARIANT (above), E2E_STEPS (trainer.total_training_steps; default
 # per variant), E2E_NPROC (training processes = declared GPUs on CPU; default 1 for base, 2 otherwise),
-# E2E_WORKDIR (default per variant), E2E_RESUME_FROM (resume only), E2E_OVER_SAMPLE (rollout.over_sample_rate, above), E2E_PG_TOKEN_QUANTILE (forking tokens, above), E2E_FORECAST=<k> (the live entropy forecast every k steps, below), E2E_PROBE=1 (also select the probing manager,
+# E2E_WORKDIR (default per variant), E2E_RESUME_FROM (resume only), E2E_OVER_SAMPLE (rollout.over_sample_rate, above), E2E_CARRY_OVER=1 (with E2E_OVER_SAMPLE: aborted groups resumed at the next step, with verl's token-level rollout correction), E2E_PG_TOKEN_QUANTILE (forking tokens, above), E2E_FORECAST=<k> (the live entropy forecast every k steps, below), E2E_PROBE=1 (also select the probing manager,
 # treetune_tests/e2e/e2e_probe.py, and check the shape/dtype/mask alignment of every rollout's
 # batch["rollout_entropy"]), E2E_MAX_PROBS_DIFF / E2E_MIN_PEARSON (bounds at every step; CPU defaults 1e-3 / 0.999,
 # empty: no bound), PYTHON (default: python), RAY_TMPDIR (default /tmp/treetune_e2e_ray).
@@ -145,6 +145,11 @@ ADV_ESTIMATOR=grpo
 if [[ "$OVER_SAMPLE" != 0 ]]; then
     [[ "$BLOCK" == 1 ]] || { echo "E2E_OVER_SAMPLE needs the override block (E2E_BLOCK=1)" >&2; exit 2; }
     ADV_ESTIMATOR=grpo_valid
+fi
+CARRY_OVER=${E2E_CARRY_OVER:-0}
+if [[ "$CARRY_OVER" == 1 && "$OVER_SAMPLE" == 0 ]]; then
+    echo "E2E_CARRY_OVER=1 needs over-sampling (E2E_OVER_SAMPLE=<rate>)" >&2
+    exit 2
 fi
 
 ARGS=(
@@ -264,6 +269,12 @@ if [[ "$OVER_SAMPLE" != 0 ]]; then
         actor_rollout_ref.model.external_lib=treetune_verl.trainer.actor_setup
     )
 fi
+if [[ "$CARRY_OVER" == 1 ]]; then
+    ARGS+=(
+        +actor_rollout_ref.rollout.custom.over_sample.carry_over=true
+        algorithm.rollout_correction.rollout_is=token
+    )
+fi
 # Live entropy forecast (E2E_FORECAST=<k>): the +treetune_forecast=entropy_forecast block with every=k (its
 # external_lib, the one actor entry point, also installs the loss fix over-sampling needs); check_metrics --forecast-every k checks its
 # keys at the probed steps, and $WORK/entropy_forecast.png plots forecast vs realised (treetune_verl/forecast).
@@ -352,6 +363,12 @@ fi
 # The same for the rollout-vs-actor entropy of the same tokens (rollout_entropy/actor_abs_diff/mean, logged by the
 # package's trainer hook when the two describe the same distribution: the default raw mode at temperature 1): ~1e-6
 # nats measured on CPU (fp32 both sides). Empty disables it (e.g. for a top-k run, where the metric is not logged).
+# Carry-over trains tokens sampled by earlier weights: verl's rollout-vs-actor probability metrics include them, so no
+# bound by default (our entropy agreement leaves them out and keeps its bound).
+if [[ "$CARRY_OVER" == 1 ]]; then
+    E2E_MAX_PROBS_DIFF=${E2E_MAX_PROBS_DIFF-}
+    E2E_MIN_PEARSON=${E2E_MIN_PEARSON-}
+fi
 if [[ "$DEVICE" == cpu ]]; then
     E2E_MAX_PROBS_DIFF=${E2E_MAX_PROBS_DIFF-1e-3}
     E2E_MIN_PEARSON=${E2E_MIN_PEARSON-0.999}
@@ -374,6 +391,7 @@ if [[ "$OVER_SAMPLE" != 0 ]]; then
     CHECK+=(--aborted-ratio "$("$PYTHON" -c "from treetune_verl.agent_loop.over_sample import completion_target as t
 g = $TRAIN_BATCH_SIZE; print((g - t($OVER_SAMPLE, g)) / g)")")  # whole groups: the share of groups aborted
 fi
+[[ "$CARRY_OVER" == 1 ]] && CHECK+=(--carry-over)
 [[ -n "$PG_TOKEN_QUANTILE" ]] && CHECK+=(--pg-token-quantile "$PG_TOKEN_QUANTILE")
 [[ -n "$FORECAST" ]] && CHECK+=(--forecast-every "$FORECAST")
 "$PYTHON" -m treetune_tests.e2e.check_metrics "$VERL_FILE_LOGGER_PATH" "${CHECK[@]}"

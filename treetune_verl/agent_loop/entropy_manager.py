@@ -16,18 +16,25 @@ from typing import Any
 from uuid import uuid4
 
 import ray
+import torch
 from omegaconf import DictConfig
 from verl.experimental.agent_loop.agent_loop import AgentLoopManager, _get_rollout_and_model_config
 from verl.protocol import DataProto
 from verl.utils.ray_utils import auto_await
 
+from treetune_verl.agent_loop.carry_over import CarryOver
 from treetune_verl.agent_loop.over_sample import CompletionCounter, completion_target, group_sizes
 from treetune_verl.agent_loop.worker import EntropyAgentLoopWorker
 from treetune_verl.batch_keys import (
+    CARRIED_ROW_KEY,
+    CARRY_RECORD_KEY,
     HAS_ROLLOUT_ENTROPY_KEY,
     OVER_SAMPLE_META_KEY,
     PENDING_METRICS_KEY,
+    ROLLOUT_ABORTED_KEY,
     ROLLOUT_ENTROPY_KEY,
+    ROLLOUT_FAILED_KEY,
+    ROLLOUT_RESUMED_TOKENS_KEY,
     TIMING_KEY,
 )
 from treetune_verl.ppo import advantage  # noqa: F401  (registers grpo_valid / rloo_valid in the trainer's process)
@@ -57,6 +64,10 @@ class EntropyAgentLoopManager(AgentLoopManager):
     Over-sampling with abort (``rollout.over_sample_rate`` > 0, training batches only): each step gets a
     :func:`completion_target` of whole groups on a :class:`CompletionCounter` shared by the workers, which abort the
     rest (``over_sample_worker.py``); ``rollout/wall_time_s`` and the aborted-row metrics reach the step's metrics.
+    With carry-over (``custom.over_sample.carry_over``) the aborted groups are resumed at the next step:
+    :attr:`carry_over` (``carry_over.py``) holds them, the trainer's ``_get_gen_batch`` seam gives them their slots,
+    and this manager hands each row what it resumes from and keeps what the aborted rows generated
+    (``rollout/carry_over/...`` metrics).
 
     The trainer-side features (the agreement and validation metrics, aborted rows' reward, entropy steering) run in
     the trainer's own seams, installed here with the run's features read from the trainer's config
@@ -90,6 +101,7 @@ class EntropyAgentLoopManager(AgentLoopManager):
         self._over_sample_rate, self._abort_failed_rows = features.over_sample_rate, features.abort_failed_rows
         # Started before training (a Ray actor takes seconds to start): one per manager, a key per step.
         self._completion_counter: Any = CompletionCounter.remote() if features.aborts_rows else None
+        self.carry_over = CarryOver(features.max_staleness) if features.carry_over else None
         if not hasattr(self, "rollout_replica_class"):
             # Imported here: it imports sglang, which only the processes that start servers need.
             from treetune_verl.rollout.replica import EntropySGLangReplica
@@ -120,6 +132,10 @@ class EntropyAgentLoopManager(AgentLoopManager):
                 with SECONDS.timed(OVER_SAMPLING):
                     prompts.meta_info.pop(OVER_SAMPLE_META_KEY, None)
                     await self._completion_counter.end.remote(step)
+        carry_metrics = {}
+        if step is not None and self.carry_over is not None:
+            with SECONDS.timed(OVER_SAMPLING):
+                carry_metrics = self._keep_aborted(prompts, output)
         for seconds in output.non_tensor_batch.pop(TIMING_KEY, []):  # the workers' (timing.py)
             if seconds and not validate:
                 SECONDS.add(seconds)
@@ -127,8 +143,27 @@ class EntropyAgentLoopManager(AgentLoopManager):
             keys = [ROLLOUT_ENTROPY_KEY, "response_mask", HAS_ROLLOUT_ENTROPY_KEY]
             self._validation_rollouts.append(output.select(batch_keys=keys, non_tensor_batch_keys=[]))
         else:
-            output.meta_info.setdefault(PENDING_METRICS_KEY, {})["rollout/wall_time_s"] = time.perf_counter() - start
+            pending = output.meta_info.setdefault(PENDING_METRICS_KEY, {})
+            pending["rollout/wall_time_s"] = time.perf_counter() - start
+            pending.update(carry_metrics)
         return output
+
+    def _keep_aborted(self, prompts: DataProto, output: DataProto) -> dict[str, float]:
+        """Hand the step's aborted groups to :attr:`carry_over`; its metrics. Our columns leave both batches."""
+        resumed = prompts.non_tensor_batch.pop(CARRIED_ROW_KEY)
+        output.non_tensor_batch.pop(CARRIED_ROW_KEY, None)  # verl copies the prompts' columns into the output
+        aborted = output.batch[ROLLOUT_ABORTED_KEY]
+        resumed_tokens = [len(row) if row is not None else 0 for row in resumed]
+        output.batch[ROLLOUT_RESUMED_TOKENS_KEY] = torch.tensor(resumed_tokens, dtype=torch.int64) * ~aborted
+        return self.carry_over.keep_aborted(
+            uids=prompts.non_tensor_batch["uid"],
+            resumed=resumed,
+            records=output.non_tensor_batch.pop(CARRY_RECORD_KEY),
+            aborted=aborted.numpy(),
+            failed=output.batch[ROLLOUT_FAILED_KEY].numpy(),
+            trained_tokens=output.batch["response_mask"].sum(-1).numpy(),
+            step=prompts.meta_info.get("global_steps", 0),
+        )
 
     async def _begin_over_sample(self, prompts: DataProto) -> str:
         """Start a step at the counter and put its plan into ``prompts.meta_info`` for the workers; its key.
@@ -136,14 +171,19 @@ class EntropyAgentLoopManager(AgentLoopManager):
         Failed rows aborted without over-sampling: the target is every group (nothing is cut; a group with a failed
         row is dropped whole).
         """
-        sizes = group_sizes(prompts.non_tensor_batch.get("uid"))
+        uids = prompts.non_tensor_batch.get("uid")
+        sizes = group_sizes(uids)
         step, target = uuid4().hex, completion_target(self._over_sample_rate, len(sizes))
         await self._completion_counter.begin.remote(step, target, sizes)
+        if self.carry_over is not None:
+            prompts.non_tensor_batch[CARRIED_ROW_KEY] = self.carry_over.resume_column(uids)
         prompts.meta_info[OVER_SAMPLE_META_KEY] = {
             "counter": self._completion_counter,
             "step": step,
             "target": target,
             "abort_failed_rows": self._abort_failed_rows,
+            "carry_over": self.carry_over is not None,
+            "global_step": int(prompts.meta_info.get("global_steps", 0)),
         }
         return step
 

@@ -146,11 +146,13 @@ class OverSampleStep:
         counter: the :class:`CompletionCounter` handle from ``prompts.meta_info``.
         step: the step's key at the counter.
         abort_failed_rows: rows whose agent loop raises become aborted rows (their group dropped).
+        global_step: the trainer's ``global_steps`` of the batch (the weights its tokens are sampled with).
     """
 
-    def __init__(self, counter: Any, step: str, abort_failed_rows: bool = False) -> None:
+    def __init__(self, counter: Any, step: str, abort_failed_rows: bool = False, global_step: int = 0) -> None:
         self._counter, self._step = counter, step
         self.abort_failed_rows = abort_failed_rows  # a loop that raises becomes an aborted row (else: the step fails)
+        self.global_step = global_step
         self._open: set[str] = set()
         self.aborted_sessions: list[str] = []  # sessions this worker aborted (to forget at the servers)
         self.failed_sessions: set[str] = set()  # sessions whose agent loop raised
@@ -190,8 +192,8 @@ class OverSampleStep:
 
 
 def plan_of(meta_info: dict[str, Any]) -> dict[str, Any] | None:
-    """The manager's plan for this batch (``counter``, ``step``, ``target``, ``abort_failed_rows``) when its rows run
-    through the counter (over-sampling or failed rows aborted; never in validation), else ``None``."""
+    """The manager's plan for this batch (``counter``, ``step``, ``target``, ``abort_failed_rows``, ``carry_over``,
+    ``global_step``) when its rows run through the counter (over-sampling or failed rows aborted; never in validation), else ``None``."""
     plan = meta_info.get(OVER_SAMPLE_META_KEY)
     if plan is None or meta_info.get("validate", False):
         return None

@@ -66,7 +66,9 @@ class OverSamplingAgentLoopWorker(AgentLoopWorker):
             return await super().generate_sequences(batch)
         if self.processor is not None:
             raise NotImplementedError("over-sampling with a multi-modal processor is not supported")
-        step = OverSampleStep(plan["counter"], plan["step"], abort_failed_rows=plan["abort_failed_rows"])
+        step = OverSampleStep(
+            plan["counter"], plan["step"], abort_failed_rows=plan["abort_failed_rows"], global_step=plan["global_step"]
+        )
         token = _CURRENT_STEP.set(step)  # copied into every trajectory task the parent creates
         watcher = asyncio.create_task(step.abort_when_target_reached(self.server_manager))
         try:

@@ -50,12 +50,19 @@ class EntropyRecorder:
         self._server_manager = server_manager
         self._pending: list[float] | None = None
         self.last_stop_reason: str | None = None  # of the last generate: "abort" ends a loop (over-sampling)
+        self.last_sampling_params: dict[str, Any] | None = None  # of the last generate (a resumed row reuses them)
 
     async def generate(self, *args: Any, **kwargs: Any) -> Any:
         output = await self._server_manager.generate(*args, **kwargs)
         self._pending = served_entropy(output)
         self.last_stop_reason = output.stop_reason
+        self.last_sampling_params = dict(kwargs.get("sampling_params") or {})
         return output
+
+    def resume_info(self) -> dict[str, Any]:
+        """What a cut row needs to be resumed (``batch_keys.RESUME_KEY``): the last request's stop reason and
+        sampling parameters."""
+        return {"stop_reason": self.last_stop_reason, "sampling_params": self.last_sampling_params}
 
     def take(self) -> list[float]:
         """Entropy of the last ``generate`` (one value per returned token); raises if none happened since."""

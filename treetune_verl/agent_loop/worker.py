@@ -6,10 +6,12 @@ verl 0.7.1's ``AgentLoopWorker`` seams (``_run_agent_loop``, ``_agent_loop_postp
 ``generate_sequences``) are overridden by each feature with ``super()`` calls, so the method resolution order is the
 order they run in, outermost first:
 
-1. rollout entropy (``entropy_worker.RolloutEntropyWorker``): pads each row's entropy once the row is final;
-2. sessions and over-sampling with abort (``over_sample_worker.OverSamplingAgentLoopWorker``): names every
+1. carry-over (``carry_over_worker.CarryOverWorker``): resumes a carried row with the continuation loop, records
+   what an aborted row generated before it is emptied;
+2. rollout entropy (``entropy_worker.RolloutEntropyWorker``): pads each row's entropy once the row is final;
+3. sessions and over-sampling with abort (``over_sample_worker.OverSamplingAgentLoopWorker``): names every
    trajectory's requests, settles it by its group or aborts it, empties an aborted row, marks ``rollout_aborted``;
-3. verl's ``AgentLoopWorker``.
+4. verl's ``AgentLoopWorker``.
 
 The seconds the features spent in this worker for a batch (``treetune_verl/timing.py``) leave with the batch, on
 its first row (``batch_keys.TIMING_KEY``), for the manager to add to the step's. Importing this module registers the
@@ -25,15 +27,21 @@ from verl.experimental.agent_loop.agent_loop import _InternalAgentLoopOutput
 from verl.protocol import DataProto
 
 # Importing the loops registers their names in this process's verl agent-loop registry.
-from treetune_verl.agent_loop import entropy_single_turn_agent_loop, entropy_tool_agent_loop  # noqa: F401
+from treetune_verl.agent_loop import (  # noqa: F401
+    continuation_agent_loop,
+    entropy_single_turn_agent_loop,
+    entropy_tool_agent_loop,
+)
+from treetune_verl.agent_loop.carry_over_worker import CarryOverWorker
 from treetune_verl.agent_loop.entropy_worker import RolloutEntropyWorker
 from treetune_verl.agent_loop.over_sample_worker import OverSamplingAgentLoopWorker
 from treetune_verl.batch_keys import TIMING_KEY
 from treetune_verl.timing import SECONDS
 
 
-class EntropyAgentLoopWorker(RolloutEntropyWorker, OverSamplingAgentLoopWorker):
-    """``batch["rollout_entropy"]`` / ``has_rollout_entropy`` and ``batch["rollout_aborted"]`` (module docstring)."""
+class EntropyAgentLoopWorker(CarryOverWorker, RolloutEntropyWorker, OverSamplingAgentLoopWorker):
+    """``batch["rollout_entropy"]`` / ``has_rollout_entropy``, ``batch["rollout_aborted"]`` and carried rows (module
+    docstring)."""
 
     def _postprocess(
         self, inputs: list[_InternalAgentLoopOutput], input_non_tensor_batch: dict | None = None

@@ -8,7 +8,9 @@ Features and the keys that turn them on (any subset, the blocks in any order on 
   rollout_entropy``); the prerequisite of the next three, which its manager and worker carry out;
 - over-sampling with abort: ``actor_rollout_ref.rollout.over_sample_rate`` > 0, and/or failed rows aborted
   (``actor_rollout_ref.rollout.custom.over_sample.abort_failed_rows=true``: a trajectory whose agent loop raises
-  becomes an aborted row and its group is dropped, instead of failing the step);
+  becomes an aborted row and its group is dropped, instead of failing the step); with
+  ``custom.over_sample.carry_over=true`` the aborted groups are resumed at the next step (``max_staleness``: steps a
+  token may wait), trained with verl's rollout correction;
 - entropy steering: ``actor_rollout_ref.rollout.custom.entropy.{pg_token_quantile, advantage_shaping.alpha}``;
 - managed agent sessions: the loop ``entropy_managed_agent`` (a dataset or ``agent.default_agent_loop``);
 - the live entropy forecast: ``actor_rollout_ref.rollout.custom.entropy_forecast`` (``+treetune_forecast=
@@ -37,6 +39,10 @@ MANAGER_KEY = f"{ROLLOUT}.agent.agent_loop_manager_class"
 MANAGER_CLASS = "treetune_verl.agent_loop.EntropyAgentLoopManager"
 RATE_KEY = "over_sample_rate"  # verl's own key under actor_rollout_ref.rollout
 FAILED_ROWS_KEY = f"{ROLLOUT}.custom.over_sample.abort_failed_rows"
+CARRY_OVER_KEY = f"{ROLLOUT}.custom.over_sample.carry_over"
+MAX_STALENESS_KEY = f"{ROLLOUT}.custom.over_sample.max_staleness"
+DEFAULT_MAX_STALENESS = 2  # steps: a token sampled at step k trains at step k + 2 at the latest
+ROLLOUT_CORRECTION_KEY = "algorithm.rollout_correction"
 EXTERNAL_LIB_KEY = "actor_rollout_ref.model.external_lib"
 ACTOR_SETUP_MODULE = "treetune_verl.trainer.actor_setup"
 # Deprecated aliases of ACTOR_SETUP_MODULE (one release): they install the same.
@@ -64,13 +70,28 @@ def has_actor_setup(config: Any) -> bool:
     return any(lib in (ACTOR_SETUP_MODULE, *ACTOR_SETUP_ALIASES) for lib in external_libs(config))
 
 
-def abort_failed_rows(config: Any) -> bool:
-    """``rollout.custom.over_sample.abort_failed_rows`` (default ``False``); raises naming the key unless a bool."""
-    value = OmegaConf.select(config, FAILED_ROWS_KEY, default=False)
+def _flag(config: Any, key: str) -> bool:
+    """A boolean key (default ``False``); raises naming the key unless a bool."""
+    value = OmegaConf.select(config, key, default=False)
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise ValueError(f"{FAILED_ROWS_KEY} must be true or false; got {value!r}")
+        raise ValueError(f"{key} must be true or false; got {value!r}")
+    return value
+
+
+def abort_failed_rows(config: Any) -> bool:
+    """``rollout.custom.over_sample.abort_failed_rows`` (default ``False``)."""
+    return _flag(config, FAILED_ROWS_KEY)
+
+
+def max_staleness(config: Any) -> int:
+    """``rollout.custom.over_sample.max_staleness``: an int >= 1 (default :data:`DEFAULT_MAX_STALENESS`)."""
+    value = OmegaConf.select(config, MAX_STALENESS_KEY, default=None)
+    if value is None:
+        return DEFAULT_MAX_STALENESS
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{MAX_STALENESS_KEY} must be an integer >= 1 (steps); got {value!r}")
     return value
 
 
@@ -81,6 +102,8 @@ class RunFeatures:
     rollout_entropy: bool = False
     over_sample_rate: float = 0.0
     abort_failed_rows: bool = False
+    carry_over: bool = False
+    max_staleness: int = DEFAULT_MAX_STALENESS
     steering: EntropySteering = EntropySteering()
     forecast: ForecastSettings | None = None
 
@@ -101,6 +124,8 @@ class RunFeatures:
             rollout_entropy=rollout_entropy,
             over_sample_rate=over_sample_rate(rollout),
             abort_failed_rows=abort_failed_rows(config),
+            carry_over=_flag(config, CARRY_OVER_KEY),
+            max_staleness=max_staleness(config),
             steering=entropy_steering(rollout),
             forecast=forecast_settings(rollout),
         )
@@ -133,6 +158,7 @@ def check_features(config: Any, rollout_entropy: bool | None = None) -> RunFeatu
     needs_manager = {
         f"{ROLLOUT}.{RATE_KEY} > 0": features.over_sample_rate > 0,
         FAILED_ROWS_KEY: features.abort_failed_rows,
+        CARRY_OVER_KEY: features.carry_over,
         STEERING_KEY: features.steering.active,
     }
     for key, on in needs_manager.items():
@@ -143,6 +169,8 @@ def check_features(config: Any, rollout_entropy: bool | None = None) -> RunFeatu
             )
     if features.aborts_rows:
         check_over_sample_config(config)
+    if features.carry_over:
+        check_carry_over_config(config, features)
     if features.forecast is not None:
         if not has_actor_setup(config):
             raise ValueError(
@@ -191,6 +219,23 @@ def check_over_sample_config(config: Any) -> None:
         raise ValueError(f"{what} does not support {ROLLOUT}.enable_rollout_routing_replay")
 
 
+def check_carry_over_config(config: Any, features: RunFeatures) -> None:
+    """Refuse carry-over where it has nothing to carry, or where its resumed tokens would train unweighted.
+
+    Raises:
+        ValueError: no over-sampling; verl's rollout correction off (``rollout_is`` unset and no bypass mode): the
+            tokens of earlier steps were sampled by older weights, and only the correction weighs them.
+    """
+    if features.over_sample_rate <= 0:
+        raise ValueError(f"{CARRY_OVER_KEY}=true needs over-sampling ({ROLLOUT}.{RATE_KEY} > 0): nothing is aborted")
+    correction = OmegaConf.select(config, ROLLOUT_CORRECTION_KEY, default=None) or {}
+    if correction.get("rollout_is") not in ("token", "sequence") and not correction.get("bypass_mode", False):
+        raise ValueError(
+            f"{CARRY_OVER_KEY}=true trains tokens sampled by earlier weights: set verl's rollout correction, e.g. "
+            f"{ROLLOUT_CORRECTION_KEY}.rollout_is=token (or {ROLLOUT_CORRECTION_KEY}.bypass_mode=true)"
+        )
+
+
 # verl 0.9.1 (the current stack): what runs there so far, and how the rest is refused.
 USE_V1_KEY = "trainer.use_v1"
 TRAINER_MODE_KEY = "trainer.v1.trainer_mode"
@@ -215,6 +260,7 @@ def check_current_stack(config: Any, verl_version: str) -> RunFeatures:
     refused = {
         f"over-sampling with abort ({ROLLOUT}.{RATE_KEY} > 0)": features.over_sample_rate > 0,
         f"failed rows aborted ({FAILED_ROWS_KEY})": features.abort_failed_rows,
+        f"carry-over ({CARRY_OVER_KEY})": features.carry_over,
         f"the live entropy forecast ({FORECAST_SECTION})": features.forecast is not None,
         f"managed agent sessions ({DEFAULT_LOOP_KEY}={MANAGED_LOOP})": default_loop == MANAGED_LOOP,
     }

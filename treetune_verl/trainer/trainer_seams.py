@@ -10,8 +10,15 @@ verl's version and the exact signature; ``ray_trainer.py`` of verl 0.7.1):
 ==============================================  =================================================================
 seam                                            what runs after verl's own, in order
 ==============================================  =================================================================
+``RayPPOTrainer._get_gen_batch`` (``:478``)     1. carry-over, *before* verl's own and in training batches only:
+                                                   carried groups and waiting prompts take their slots
+                                                   (``agent_loop/carry_over.py`` ``CarryOver.fill_slots``)
+``RayPPOTrainer._validate`` (``:502``)          0. marks its batches as validation (for the seam above)
+``RayPPOTrainer._save_checkpoint`` (``:854``)   1. carry-over, *before* verl's own: the carried groups and the
+                                                   backlog into ``global_step_<k>/treetune_carry_over.pt``
+``RayPPOTrainer._load_checkpoint`` (``:923``)   1. carry-over: restores them from the checkpoint verl loaded
 ``RayPPOTrainer._compute_old_log_prob``         1. rollout entropy: ``rollout_entropy/actor_abs_diff/{mean,max}``
-                                                   against the actor's ``entropys`` (popped by ``fit`` right after,
+                                                   against the actor's ``entropys`` (carried-over tokens left out) (popped by ``fit`` right after,
                                                    ``ray_trainer.py:1404-1419``), when both describe one distribution
 ``ray_trainer.extract_reward`` (``:1386``)      1. over-sampling: reward 0 for rows marked ``rollout_aborted``
 ``ray_trainer.compute_advantage`` (``:1487``)   1. steering: entropy-shaped advantage, then the forking-token mask
@@ -36,7 +43,12 @@ Module-level functions (``extract_reward``, ``compute_advantage``, ``compute_dat
 
 from __future__ import annotations
 
+import logging
+import os
+from contextvars import ContextVar
 from typing import Any
+
+import torch
 
 from treetune_verl.batch_keys import (
     HAS_ROLLOUT_ENTROPY_KEY,
@@ -44,6 +56,7 @@ from treetune_verl.batch_keys import (
     ROLLOUT_ABORTED_KEY,
     ROLLOUT_ENTROPY_KEY,
     ROLLOUT_FAILED_KEY,
+    ROLLOUT_RESUMED_TOKENS_KEY,
 )
 from treetune_verl.patching import Wrap
 from treetune_verl.ppo.entropy_advantage import steer_advantages
@@ -64,6 +77,14 @@ _VAL_METRICS_UPDATE_PARAMS = ("self", "data_sources", "sample_uids", "reward_ext
 _EXTRACT_REWARD_PARAMS = ("batch",)
 _COMPUTE_ADVANTAGE_PARAMS = ("data", "adv_estimator", "gamma", "lam", "num_repeat", "norm_adv_by_std_in_grpo", "config")
 _COMPUTE_TIMING_METRICS_PARAMS = ("batch", "timing_raw")
+_GET_GEN_BATCH_PARAMS = ("self", "batch")
+_CHECKPOINT_PARAMS = ("self",)
+CARRY_OVER_STATE_FILE = "treetune_carry_over.pt"  # in verl's global_step_<k> folder, next to its data.pt
+_VALIDATE_PARAMS = ("self", "merged")
+
+_VALIDATING: ContextVar[bool] = ContextVar("treetune_validating", default=False)
+
+logger = logging.getLogger(__name__)
 
 # The run's features, from the trainer's config (install); a process trains one run.
 _FEATURES = RunFeatures()
@@ -107,6 +128,10 @@ def _agreement(trainer: Any, batch: Any, old_log_prob: Any) -> None:
     ):
         has_entropy = batch.batch.get(HAS_ROLLOUT_ENTROPY_KEY)
         mask = batch.batch["response_mask"]
+        resumed = batch.batch.get(ROLLOUT_RESUMED_TOKENS_KEY, None)
+        if resumed is not None:  # carry-over: tokens sampled by earlier weights are not this actor's distribution
+            positions = torch.arange(mask.shape[-1], device=mask.device)
+            mask = mask * (positions.unsqueeze(0) >= resumed.unsqueeze(-1)).to(mask.dtype)
         _pending(batch).update(actor_agreement_metrics(rollout_entropy, actor_entropy, mask, has_entropy))
 
 
@@ -165,6 +190,68 @@ def _wrap_compute_timing_metrics(original):
     return compute_timing_metrics
 
 
+def _wrap_get_gen_batch(original):
+    def _get_gen_batch(self, batch):
+        # 1. carry-over: the groups carried from the last step and the prompts they displaced take their slots
+        carry_over = getattr(self.async_rollout_manager, "carry_over", None)
+        if carry_over is not None and not _VALIDATING.get():
+            with SECONDS.timed(OVER_SAMPLING):
+                carry_over.fill_slots(batch, self.global_steps)
+        return original(self, batch)
+
+    return _get_gen_batch
+
+
+def _step_folder(trainer: Any, loading: bool = False) -> str:
+    """verl's checkpoint folder of the trainer's ``global_steps``: where ``_save_checkpoint`` writes, or the one
+    ``_load_checkpoint`` read (``trainer.resume_from_path`` in ``resume_mode=resume_path``)."""
+    config = trainer.config.trainer
+    if loading and config.resume_mode == "resume_path":
+        return os.path.abspath(config.resume_from_path)
+    return os.path.join(os.path.abspath(config.default_local_dir), f"global_step_{trainer.global_steps}")
+
+
+def _wrap_save_checkpoint(original):
+    def _save_checkpoint(self):
+        # 1. carry-over: its groups and backlog, written before verl marks the checkpoint as the latest
+        carry_over = getattr(self.async_rollout_manager, "carry_over", None)
+        if carry_over is not None:
+            with SECONDS.timed(OVER_SAMPLING):
+                folder = _step_folder(self)
+                os.makedirs(folder, exist_ok=True)
+                torch.save(carry_over.state_dict(), os.path.join(folder, CARRY_OVER_STATE_FILE))
+        return original(self)
+
+    return _save_checkpoint
+
+
+def _wrap_load_checkpoint(original):
+    def _load_checkpoint(self):
+        result = original(self)
+        # 1. carry-over: restored from the checkpoint verl just loaded (global_steps > 0), if it has one
+        carry_over = getattr(self.async_rollout_manager, "carry_over", None)
+        if carry_over is not None and self.global_steps > 0:
+            path = os.path.join(_step_folder(self, loading=True), CARRY_OVER_STATE_FILE)
+            if os.path.exists(path):
+                carry_over.load_state_dict(torch.load(path, weights_only=False))
+            else:
+                logger.warning("carry-over: %s not found (saved without carry-over?): nothing carried over", path)
+        return result
+
+    return _load_checkpoint
+
+
+def _wrap_validate(original):
+    def _validate(self, merged=False):
+        token = _VALIDATING.set(True)
+        try:
+            return original(self, merged)
+        finally:
+            _VALIDATING.reset(token)
+
+    return _validate
+
+
 def _wrap_val_metrics_update(original):
     def _val_metrics_update(self, data_sources, sample_uids, reward_extra_infos_dict, sample_turns):
         metrics = original(self, data_sources, sample_uids, reward_extra_infos_dict, sample_turns)
@@ -190,6 +277,10 @@ def install(features: RunFeatures) -> None:
     VERL.require("trainer hooks")
     trainer = ray_trainer.RayPPOTrainer
     VERL.wrap(
+        Wrap(trainer, "_get_gen_batch", _wrap_get_gen_batch, _GET_GEN_BATCH_PARAMS),
+        Wrap(trainer, "_validate", _wrap_validate, _VALIDATE_PARAMS),
+        Wrap(trainer, "_save_checkpoint", _wrap_save_checkpoint, _CHECKPOINT_PARAMS),
+        Wrap(trainer, "_load_checkpoint", _wrap_load_checkpoint, _CHECKPOINT_PARAMS),
         Wrap(trainer, "_compute_old_log_prob", _wrap_compute_old_log_prob, _COMPUTE_OLD_LOG_PROB_PARAMS),
         Wrap(ray_trainer, "extract_reward", _wrap_extract_reward, _EXTRACT_REWARD_PARAMS),
         Wrap(ray_trainer, "compute_advantage", _wrap_compute_advantage, _COMPUTE_ADVANTAGE_PARAMS),

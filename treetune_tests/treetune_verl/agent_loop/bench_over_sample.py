@@ -1,18 +1,28 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""Over-sampling with abort, measured: wall time of one rollout step at ``over_sample_rate`` 0 vs 0.25.
+"""Over-sampling, measured in four arms on heavy-tailed lengths: what each trains per second and what it throws away.
 
-The real rollout path of the over-sampling test (``test_over_sample_standalone_on_cpu.py``): real Ray, our manager in verl's
-standalone mode, a real sglang CPU Engine behind ``EntropySGLangHttpServer``, two agent-loop workers. Every row is a
-``fixed_length_agent`` row generating exactly ``N`` tokens, ``N`` drawn per row from a heavy-tailed (Pareto) law
-capped at ``response_length``: most rows are short, a few run long, which is what over-sampling is for. Each pair
-draws one batch of lengths (seeded) and runs it once per arm, in ABBA order; the manager's rate is switched between
-the two runs of a pair (the same servers, workers and counter serve both arms). Reported: the median of the per-pair
-ratios ``seconds(0.25) / seconds(0)`` with a distribution-free 95 % interval, the median seconds of each arm, and
-the rows each arm returns for training (all of them at 0; ``ceil(0.75 * batch)`` at 0.25). One warm-up step per arm
-is not counted (the engine's first batches).
+The real rollout path of the carry-over test (``test_carry_over_standalone_on_cpu.py``): real Ray, our manager in
+verl's standalone mode, a real sglang CPU Engine behind ``EntropySGLangHttpServer``, two agent-loop workers, each
+step's prompts through verl's ``RayPPOTrainer._get_gen_batch`` as our seam wraps it. A step has ``--groups`` prompts
+of ``--n`` rows; every row is a ``fixed_length_agent`` row generating exactly its own length (``lengths=...``), drawn
+per row from a Pareto law capped at ``response_length``: most rows are short, a few run long. Arms:
 
-    python treetune_tests/treetune_verl/agent_loop/bench_over_sample.py --pairs 8 --out outputs/bench/over_sample.json
+- ``stock``: ``over_sample_rate`` 0, every row completes and trains;
+- ``abort_drop``: rate ``--rate``, counted in rows (each row its own ``uid``, as before whole groups): the rows still
+  running at the target are aborted and dropped, groups may be cut;
+- ``groups``: rate ``--rate``, whole groups kept, the others aborted and dropped;
+- ``carry``: as ``groups``, with carry-over: the aborted groups resume at the next step.
+
+A run is ``--steps`` consecutive steps of one arm (carry-over works across steps), each step fresh prompts from the
+block's stream; a block runs every arm once on the same prompts, in a seeded shuffled order, so a drift of the
+machine hits all arms alike. Per run: rollout seconds (the steps' ``generate_sequences`` summed), trained tokens
+(the response tokens of the rows kept), generated tokens and discarded tokens (generated, then thrown away; for
+``carry`` also those still carried at the end, not yet trained). Reported: per block the ratio of each arm's
+trained tokens per second to ``stock``'s and to ``abort_drop``'s, as medians with a distribution-free 95 % interval,
+and each arm's median discarded share. One warm-up run per arm is not counted.
+
+    python treetune_tests/treetune_verl/agent_loop/bench_over_sample.py --blocks 8 --out outputs/bench/over_sample.json
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -36,71 +47,92 @@ from omegaconf import open_dict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # run as a script from anywhere
 
-from treetune_tests.treetune_verl.agent_loop.fakes import make_batch  # noqa: E402
 from treetune_tests.treetune_verl.agent_loop.standalone import (  # noqa: E402
     REPO_ROOT,
     model_with_short_turns,
     ray_session,
 )
-from treetune_tests.treetune_verl.agent_loop.test_over_sample_standalone_on_cpu import _over_sample_config  # noqa: E402
+from treetune_tests.treetune_verl.agent_loop.test_carry_over_standalone_on_cpu import (  # noqa: E402
+    _carry_config,
+    _trainer_prompts,
+)
 from treetune_tests.treetune_verl.sglang.bench_entropy_throughput import median_ci95  # noqa: E402
-from treetune_verl.batch_keys import ROLLOUT_ABORTED_KEY  # noqa: E402
+from treetune_verl.agent_loop.carry_over import METRIC_PREFIX, CarryOver  # noqa: E402
+from treetune_verl.batch_keys import PENDING_METRICS_KEY, ROLLOUT_ABORTED_KEY  # noqa: E402
 
-RATES = {"rate0": 0.0, "rate0.25": 0.25}
-
-
-def heavy_tailed_lengths(batch: int, rng: random.Random, alpha: float, minimum: int, cap: int) -> list[int]:
-    """``batch`` response lengths from a Pareto(alpha) law with scale ``minimum``, capped at ``cap``."""
-    return [min(cap, int(minimum * rng.paretovariate(alpha))) for _ in range(batch)]
+ARMS = ("stock", "abort_drop", "groups", "carry")
 
 
-def abba(pairs: int, seed: int) -> list[tuple[str, str]]:
-    rng, orders = random.Random(seed), []
-    while len(orders) < pairs:
-        two = [("rate0", "rate0.25"), ("rate0.25", "rate0")]
-        rng.shuffle(two)
-        orders += two
-    return orders[:pairs]
+def heavy_tailed_lengths(count: int, rng: random.Random, alpha: float, minimum: int, cap: int) -> list[int]:
+    """``count`` response lengths from a Pareto(alpha) law with scale ``minimum``, capped at ``cap``."""
+    return [min(cap, int(minimum * rng.paretovariate(alpha))) for _ in range(count)]
+
+
+class DroppedTokens(CarryOver):
+    """The arms without carry-over: counts what their aborted rows generated, carries nothing (bench only)."""
+
+    def fill_slots(self, batch, step: int) -> None:
+        self._resuming, self._metrics = {}, {}
+
+    def keep_aborted(self, uids, resumed, records, aborted, failed, trained_tokens, step) -> dict[str, float]:
+        discarded = sum(len(record) for record in records if record is not None)
+        generated = discarded + int(np.asarray(trained_tokens)[~np.asarray(aborted)].sum())
+        return {METRIC_PREFIX + "tokens_generated": generated, METRIC_PREFIX + "tokens_discarded": discarded}
 
 
 def summarize(runs: list[dict]) -> dict:
-    """Per-pair ratios (rate 0.25 over rate 0) of wall time and of kept rows per second, as medians with a
-    distribution-free 95 % interval; each arm's median seconds, kept rows and kept tokens."""
-    by_pair = {(run["pair"], run["arm"]): run for run in runs}
-    pairs = sorted({pair for pair, _ in by_pair if (pair, "rate0") in by_pair and (pair, "rate0.25") in by_pair})
-    over, base = [by_pair[(p, "rate0.25")] for p in pairs], [by_pair[(p, "rate0")] for p in pairs]
-    seconds = [o["seconds"] / b["seconds"] for o, b in zip(over, base, strict=True)]
-    rows_per_s = [
-        (o["rows_kept"] / o["seconds"]) / (b["rows_kept"] / b["seconds"]) for o, b in zip(over, base, strict=True)
-    ]
-    summary = {"pairs": len(pairs)}
-    for name, ratios in (("ratio_seconds", seconds), ("ratio_kept_rows_per_second", rows_per_s)):
-        summary[name] = {"median": statistics.median(ratios), "ci95": list(median_ci95(ratios))}
-    for arm in RATES:
-        arm_runs = [r for r in runs if r["arm"] == arm]
+    """Per block, each arm's trained tokens per second over ``stock``'s and ``abort_drop``'s (medians, 95 % CI);
+    each arm's median seconds, trained tokens and discarded share."""
+    by_block = {(run["block"], run["arm"]): run for run in runs}
+    blocks = sorted({block for block, _ in by_block if all((block, arm) in by_block for arm in ARMS)})
+
+    def rate(block: int, arm: str) -> float:
+        run = by_block[(block, arm)]
+        return run["trained_tokens"] / run["seconds"]
+
+    summary: dict = {"blocks": len(blocks)}
+    for arm in ARMS:
+        arm_runs = [by_block[(block, arm)] for block in blocks]
         summary[arm] = {
             "median_seconds": statistics.median(r["seconds"] for r in arm_runs),
-            "rows_kept": sorted({r["rows_kept"] for r in arm_runs}),
-            "median_tokens_kept": statistics.median(r["tokens_kept"] for r in arm_runs),
+            "median_trained_tokens": statistics.median(r["trained_tokens"] for r in arm_runs),
+            "median_trained_tokens_per_s": statistics.median(rate(b, arm) for b in blocks),
+            "median_discarded_share": statistics.median(r["discarded_share"] for r in arm_runs),
         }
+        for base in ("stock", "abort_drop"):
+            if arm != base:
+                ratios = [rate(block, arm) / rate(block, base) for block in blocks]
+                summary[arm][f"trained_tokens_per_s_vs_{base}"] = {
+                    "median": statistics.median(ratios),
+                    "ci95": list(median_ci95(ratios)),
+                }
     return summary
 
 
 def describe(summary: dict) -> str:
-    time, rate = summary["ratio_seconds"], summary["ratio_kept_rows_per_second"]
-    return (
-        f"over_sample_rate 0.25 vs 0 over {summary['pairs']} pairs: rollout step wall time x{time['median']:.3f} "
-        f"[{time['ci95'][0]:.3f}, {time['ci95'][1]:.3f}], kept rows per second x{rate['median']:.3f} "
-        f"[{rate['ci95'][0]:.3f}, {rate['ci95'][1]:.3f}]; rate0 {summary['rate0']['median_seconds']:.2f}s "
-        f"({summary['rate0']['rows_kept']} rows), rate0.25 {summary['rate0.25']['median_seconds']:.2f}s "
-        f"({summary['rate0.25']['rows_kept']} rows)"
-    )
+    lines = [f"{summary['blocks']} blocks:"]
+    for arm in ARMS:
+        s = summary[arm]
+        line = (
+            f"  {arm:10s} {s['median_seconds']:6.2f} s, {s['median_trained_tokens_per_s']:7.1f} trained tokens/s, "
+            f"discarded {100 * s['median_discarded_share']:5.1f} %"
+        )
+        for base in ("stock", "abort_drop"):
+            ratio = s.get(f"trained_tokens_per_s_vs_{base}")
+            if ratio is not None:
+                line += f"; vs {base} x{ratio['median']:.3f} [{ratio['ci95'][0]:.3f}, {ratio['ci95'][1]:.3f}]"
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=8)
-    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--blocks", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=4, help="steps per run")
+    parser.add_argument("--groups", type=int, default=8, help="prompts per step")
+    parser.add_argument("--n", type=int, default=4, help="rows per prompt (rollout.n)")
+    parser.add_argument("--rate", type=float, default=0.25, help="over_sample_rate of the three over-sampling arms")
+    parser.add_argument("--max-staleness", type=int, default=2)
     parser.add_argument("--alpha", type=float, default=1.0, help="Pareto tail index (smaller: heavier tail)")
     parser.add_argument("--min-tokens", type=int, default=16)
     parser.add_argument("--response-length", type=int, default=768)
@@ -108,52 +140,87 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "outputs" / "bench" / "over_sample.json")
     args = parser.parse_args(argv)
 
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
     from treetune_tests.tiny_model import build_tiny_qwen2
     from treetune_verl.agent_loop import EntropyAgentLoopManager
     from treetune_verl.model_cache import models_dir
 
     work = Path(tempfile.mkdtemp(prefix="bench_over_sample_"))
     model = model_with_short_turns(build_tiny_qwen2(models_dir() / "tiny-qwen2-seed0", seed=0), work / "m")
-    config = _over_sample_config(model, work / "cfg")
+    config = _carry_config(model, work / "cfg")
     with open_dict(config):
         config.data.max_response_length = args.response_length  # the rollout's response_length follows it
-    started, runs = time.time(), []
-    orders = abba(args.pairs, args.seed)
+        config.actor_rollout_ref.rollout.n = args.n
+        config.actor_rollout_ref.rollout.over_sample_rate = args.rate
+        config.actor_rollout_ref.rollout.custom.over_sample.max_staleness = args.max_staleness
+    started, runs, rng = time.time(), [], random.Random(args.seed)
+
+    def prompts(block: int | str, step: int) -> list[tuple[str, str]]:
+        """The step's prompts: (uid, the fixed-length loop's plan with each row's length)."""
+        plans = []
+        for group in range(args.groups):
+            lengths = heavy_tailed_lengths(args.n, rng, args.alpha, args.min_tokens, args.response_length)
+            uid = f"{block}-{step}-{group}"  # also in the plan: the loop counts a prompt's rows by its text
+            plans.append((uid, f"{uid} lengths=" + "/".join(map(str, lengths))))
+        return plans
+
     with pytest.MonkeyPatch.context() as env, ray_session(env):
         manager = EntropyAgentLoopManager.create(config)
+        trainer = SimpleNamespace(async_rollout_manager=manager, global_steps=0)
 
-        def step(arm: str, lengths: list[int]) -> dict:
-            manager._over_sample_rate = RATES[arm]  # bench only: one set of servers serves both arms
-            batch = make_batch([f"tokens={n}" for n in lengths], ["fixed_length_agent"] * len(lengths))
-            # every row its own group (rollout.n = 1): the target counts rows
-            batch.non_tensor_batch["uid"] = np.array([str(row) for row in range(len(lengths))], dtype=object)
-            t0 = time.perf_counter()
-            out = manager.generate_sequences(batch)
-            seconds = time.perf_counter() - t0
-            kept = int((~out.batch[ROLLOUT_ABORTED_KEY]).sum())
-            tokens = int(out.batch["response_mask"].sum())
+        def run(arm: str, stream: list[list[tuple[str, str]]]) -> dict:
+            # bench only: one set of servers, workers and counter serves every arm
+            manager._over_sample_rate = 0.0 if arm == "stock" else args.rate
+            manager.carry_over = CarryOver(args.max_staleness) if arm == "carry" else DroppedTokens(1)
+            seconds = trained = generated = discarded = 0.0
+            for step, plans in enumerate(stream, start=1):
+                trainer.global_steps = step
+                batch = _trainer_prompts([uid for uid, _ in plans], [plan for _, plan in plans])
+                gen_batch = RayPPOTrainer._get_gen_batch(trainer, batch)  # our seam (carry-over), then verl's
+                gen_batch.meta_info["global_steps"] = step
+                gen_batch = gen_batch.repeat(repeat_times=args.n, interleave=True)
+                if arm == "abort_drop":  # rows counted: each row its own group
+                    uids = gen_batch.non_tensor_batch["uid"]
+                    gen_batch.non_tensor_batch["uid"] = np.array([f"{u}/{i}" for i, u in enumerate(uids)], dtype=object)
+                t0 = time.perf_counter()
+                out = manager.generate_sequences(gen_batch)
+                seconds += time.perf_counter() - t0
+                kept = ~out.batch[ROLLOUT_ABORTED_KEY]
+                trained += int(out.batch["response_mask"][kept].sum())
+                metrics = out.meta_info[PENDING_METRICS_KEY]
+                generated += metrics[METRIC_PREFIX + "tokens_generated"]
+                discarded += metrics[METRIC_PREFIX + "tokens_discarded"]
+            pending = sum(
+                len(row) for group in manager.carry_over._groups.values() for row in group.rows if row is not None
+            )
             return {
                 "arm": arm,
                 "seconds": seconds,
-                "rows_kept": kept,
-                "tokens_kept": tokens,
+                "trained_tokens": trained,
+                "generated_tokens": generated,
+                "discarded_tokens": discarded,
+                "carried_at_end_tokens": pending,
+                "discarded_share": discarded / generated if generated else 0.0,
                 "load1": os.getloadavg()[0],
             }
 
-        rng = random.Random(args.seed)
-        for arm in RATES:  # warm-up, not counted: the engine's first batches
-            step(arm, heavy_tailed_lengths(args.batch, rng, args.alpha, args.min_tokens, args.response_length))
-        for pair, order in enumerate(orders):
-            lengths = heavy_tailed_lengths(args.batch, rng, args.alpha, args.min_tokens, args.response_length)
+        warm = [prompts("warm", step) for step in range(args.steps)]
+        for arm in ARMS:  # warm-up, not counted: the engine's first batches
+            run(arm, warm)
+        order_rng = random.Random(args.seed + 1)
+        for block in range(args.blocks):
+            stream = [prompts(block, step) for step in range(args.steps)]
+            order = list(ARMS)
+            order_rng.shuffle(order)
             for arm in order:
-                runs.append({"pair": pair, "lengths": lengths, **step(arm, lengths)})
-                print(json.dumps({k: v for k, v in runs[-1].items() if k != "lengths"}), flush=True)
+                runs.append({"block": block, **run(arm, stream)})
+                print(json.dumps(runs[-1]), flush=True)
 
     summary = summarize(runs)
     report = {
         "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
         "args": {k: str(v) for k, v in vars(args).items()},
-        "orders": orders,
         "machine": {
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
@@ -166,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
-    print(f"{describe(summary)} -> {args.out}")
+    print(f"{describe(summary)}\n-> {args.out}")
     return 0
 
 

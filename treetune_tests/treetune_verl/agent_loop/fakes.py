@@ -20,8 +20,9 @@ import json
 import os
 import re
 import time
+from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -152,13 +153,25 @@ INTERACTION_CONFIG = {
 class FixedLengthAgentLoop(EntropySingleTurnAgentLoop):
     """The entropy single-turn loop, except that a prompt containing ``tokens=N`` ignores end-of-sequence tokens and
     generates exactly ``N`` tokens (at most ``response_length``): deterministic response lengths on a random model
-    (only that row's sampling parameters change). Select it through an ``agent_loop_config_path`` entry
-    (:data:`FIXED_LENGTH_LOOP`)."""
+    (only that row's sampling parameters change). Per row of a group (its rows run in one worker, started in order;
+    counted per prompt in this process): ``first=N`` makes only the first row do so, ``lengths=N1/N2/...`` gives the
+    j-th row ``N_j`` (cycling). Select it through an ``agent_loop_config_path`` entry (:data:`FIXED_LENGTH_LOOP`)."""
+
+    _rows_seen: ClassVar[Counter[str]] = Counter()
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any):
-        found = re.search(r"tokens=(\d+)", str(kwargs["raw_prompt"]))
-        if found is not None:
-            sampling_params = {**sampling_params, "ignore_eos": True, "max_new_tokens": int(found.group(1))}
+        prompt = str(kwargs["raw_prompt"])
+        row, self._rows_seen[prompt] = self._rows_seen[prompt], self._rows_seen[prompt] + 1
+        tokens = None
+        if (per_row := re.search(r"lengths=([\d/]+)", prompt)) is not None:
+            values = [int(value) for value in per_row.group(1).split("/")]
+            tokens = values[row % len(values)]
+        elif (first := re.search(r"first=(\d+)", prompt)) is not None and row == 0:
+            tokens = int(first.group(1))
+        elif (fixed := re.search(r"tokens=(\d+)", prompt)) is not None:
+            tokens = int(fixed.group(1))
+        if tokens is not None:
+            sampling_params = {**sampling_params, "ignore_eos": True, "max_new_tokens": tokens}
         return await super().run(sampling_params, **kwargs)
 
 

@@ -111,6 +111,10 @@ def test_install_is_idempotent_and_guarded(monkeypatch):
         (ray_trainer, "extract_reward"),
         (ray_trainer, "compute_advantage"),
         (ray_trainer, "compute_timing_metrics"),
+        (ray_trainer.RayPPOTrainer, "_get_gen_batch"),
+        (ray_trainer.RayPPOTrainer, "_validate"),
+        (ray_trainer.RayPPOTrainer, "_save_checkpoint"),
+        (ray_trainer.RayPPOTrainer, "_load_checkpoint"),
     ]:
         monkeypatch.setattr(owner, name, original_of(getattr(owner, name)))  # upstream for this test, restored after
     monkeypatch.setattr(hooks, "_FEATURES", hooks._FEATURES)  # restored after
