@@ -54,7 +54,7 @@ class CarryOverWorker(AgentLoopWorker):
         resume = output.extra_fields.pop(RESUME_KEY, None)
         trajectory = CURRENT_TRAJECTORY.get()
         step = trajectory.step if trajectory is not None else None
-        if not getattr(self, "_carrying", False) or step is None:
+        if step is None or not step.carry_over:
             return await super()._agent_loop_postprocess(output, **kwargs)
         entropy = output.extra_fields.get(RESPONSE_ENTROPY_KEY)  # popped by rollout entropy below
         made = (output.prompt_ids, output.response_ids, output.response_logprobs, entropy and list(entropy))

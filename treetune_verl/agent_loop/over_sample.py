@@ -147,12 +147,20 @@ class OverSampleStep:
         step: the step's key at the counter.
         abort_failed_rows: rows whose agent loop raises become aborted rows (their group dropped).
         global_step: the trainer's ``global_steps`` of the batch (the weights its tokens are sampled with).
+        carry_over: aborted rows are recorded to be resumed at the next step (``carry_over.py``).
     """
 
-    def __init__(self, counter: Any, step: str, abort_failed_rows: bool = False, global_step: int = 0) -> None:
+    def __init__(
+        self,
+        counter: Any,
+        step: str,
+        abort_failed_rows: bool = False,
+        global_step: int = 0,
+        carry_over: bool = False,
+    ) -> None:
         self._counter, self._step = counter, step
         self.abort_failed_rows = abort_failed_rows  # a loop that raises becomes an aborted row (else: the step fails)
-        self.global_step = global_step
+        self.global_step, self.carry_over = global_step, carry_over
         self._open: set[str] = set()
         self.aborted_sessions: list[str] = []  # sessions this worker aborted (to forget at the servers)
         self.failed_sessions: set[str] = set()  # sessions whose agent loop raised

@@ -67,7 +67,11 @@ class OverSamplingAgentLoopWorker(AgentLoopWorker):
         if self.processor is not None:
             raise NotImplementedError("over-sampling with a multi-modal processor is not supported")
         step = OverSampleStep(
-            plan["counter"], plan["step"], abort_failed_rows=plan["abort_failed_rows"], global_step=plan["global_step"]
+            plan["counter"],
+            plan["step"],
+            abort_failed_rows=plan["abort_failed_rows"],
+            global_step=plan["global_step"],
+            carry_over=plan["carry_over"],
         )
         token = _CURRENT_STEP.set(step)  # copied into every trajectory task the parent creates
         watcher = asyncio.create_task(step.abort_when_target_reached(self.server_manager))
