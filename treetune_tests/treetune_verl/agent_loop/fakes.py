@@ -154,8 +154,8 @@ class FixedLengthAgentLoop(EntropySingleTurnAgentLoop):
     """The entropy single-turn loop, except that a prompt containing ``tokens=N`` ignores end-of-sequence tokens and
     generates exactly ``N`` tokens (at most ``response_length``): deterministic response lengths on a random model
     (only that row's sampling parameters change). Per row of a group (its rows run in one worker, started in order;
-    counted per prompt in this process): ``first=N`` makes only the first row do so, ``lengths=N1/N2/...`` gives the
-    j-th row ``N_j`` (cycling). Select it through an ``agent_loop_config_path`` entry (:data:`FIXED_LENGTH_LOOP`)."""
+    counted per prompt in this process): ``lengths=N1/N2/...`` gives the j-th row ``N_j`` (cycling). Select it through
+    an ``agent_loop_config_path`` entry (:data:`FIXED_LENGTH_LOOP`)."""
 
     _rows_seen: ClassVar[Counter[str]] = Counter()
 
@@ -166,8 +166,6 @@ class FixedLengthAgentLoop(EntropySingleTurnAgentLoop):
         if (per_row := re.search(r"lengths=([\d/]+)", prompt)) is not None:
             values = [int(value) for value in per_row.group(1).split("/")]
             tokens = values[row % len(values)]
-        elif (first := re.search(r"first=(\d+)", prompt)) is not None and row == 0:
-            tokens = int(first.group(1))
         elif (fixed := re.search(r"tokens=(\d+)", prompt)) is not None:
             tokens = int(fixed.group(1))
         if tokens is not None:

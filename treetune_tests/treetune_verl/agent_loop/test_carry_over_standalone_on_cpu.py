@@ -8,8 +8,8 @@ Groups of 2 rows (``rollout.n = 2``, their ``uid``), ``over_sample_rate = 0.5`` 
 = 1``, the model of the standalone tests (turns end after a few tokens) and ``fixed_length_agent`` rows that ignore
 end-of-sequence (only their sampling differs):
 
-1. step 1, weights W1: groups A, B fast, C (one long row, one that ends soon: ``first=N``) and D (two long): A, B
-   kept, C and D aborted and carried: C's short row finished, the long rows cut with their partial tokens;
+1. step 1, weights W1: groups A, B fast, C (one long row, one of a single token: ``lengths=N/1``) and D (two long):
+   A, B kept, C and D aborted and carried: C's short row finished, the long rows cut with their partial tokens;
 2. the server loads other weights W2 (``/update_weights_from_disk``, as a weight sync would);
 3. step 2: C and D take the first two slots of the batch, two fresh groups E, F (long rows) the others, G and H wait
    in the backlog; the cut rows continue with their own request's sampling parameters (EOS ignored, to exactly
@@ -56,7 +56,7 @@ LONG = f"tokens={RESPONSE_LENGTH}"
 PROMPTS = {  # group -> (agent loop, plan) of its rows (the rows of a group share its prompt)
     "A": ("entropy_single_turn_agent", "short a"),
     "B": ("entropy_single_turn_agent", "short b"),
-    "C": ("fixed_length_agent", f"c first={RESPONSE_LENGTH}"),  # one long row, one that ends soon
+    "C": ("fixed_length_agent", f"c lengths={RESPONSE_LENGTH}/1"),  # one long row, one of a single token
     "D": ("fixed_length_agent", f"d {LONG}"),
     "E": ("fixed_length_agent", f"e {LONG}"),
     "F": ("fixed_length_agent", f"f {LONG}"),
