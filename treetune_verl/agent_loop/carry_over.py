@@ -186,9 +186,10 @@ class CarryOver:
                     stale_rows, stale_tokens, row = stale_rows + 1, stale_tokens + len(row), None
                 rows.append(row)
             self._resuming[uid] = rows
-        filled = DataProto.concat([group.prompt for _, group in carried] + fresh)
+        rows = [group.prompt for _, group in carried] + fresh
+        filled = DataProto.concat(rows)  # new arrays: the one-row prompts stay as they are
         batch.batch, batch.non_tensor_batch = filled.batch, filled.non_tensor_batch
-        self._prompts = {str(uid): _row(batch, i) for i, uid in enumerate(batch.non_tensor_batch["uid"])}
+        self._prompts = {str(row.non_tensor_batch["uid"][0]): row for row in rows}
         self._metrics = {
             "groups_resumed": len(carried),
             "rows_restarted_stale": stale_rows,

@@ -24,7 +24,6 @@ from verl.protocol import DataProto
 
 from treetune_verl.agent_loop.carry_over import carried_row
 from treetune_verl.agent_loop.continuation_agent_loop import CONTINUATION_AGENT
-from treetune_verl.agent_loop.over_sample import plan_of
 from treetune_verl.agent_loop.trajectory import CURRENT_TRAJECTORY
 from treetune_verl.batch_keys import (
     CARRIED_ROW_KEY,
@@ -39,11 +38,6 @@ from treetune_verl.timing import OVER_SAMPLING, SECONDS
 
 class CarryOverWorker(AgentLoopWorker):
     """Resumes carried rows and records aborted ones when the batch's plan carries over (module docstring)."""
-
-    async def generate_sequences(self, batch: DataProto) -> DataProto:
-        plan = plan_of(batch.meta_info)
-        self._carrying = plan is not None and bool(plan.get("carry_over"))  # a worker runs one batch at a time
-        return await super().generate_sequences(batch)
 
     async def _run_agent_loop(self, sampling_params: dict[str, Any], trajectory: dict[str, Any], **kwargs: Any):
         if kwargs.get(CARRIED_ROW_KEY) is not None:
@@ -76,6 +70,7 @@ class CarryOverWorker(AgentLoopWorker):
         records = np.empty(len(inputs), dtype=object)
         records[:] = [item.extra_fields.pop(CARRY_RECORD_KEY, None) for item in inputs]
         data = super()._postprocess(inputs, input_non_tensor_batch=input_non_tensor_batch)
-        if getattr(self, "_carrying", False):
+        # the manager hands every carrying batch a resume column: then every worker's output has the records column
+        if input_non_tensor_batch is not None and CARRIED_ROW_KEY in input_non_tensor_batch:
             data.non_tensor_batch[CARRY_RECORD_KEY] = records
         return data

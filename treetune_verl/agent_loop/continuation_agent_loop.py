@@ -5,8 +5,9 @@
 The worker runs it instead of the row's own loop when the row brings a :class:`~treetune_verl.agent_loop.carry_over.
 CarriedRow` (``carry_over_worker.py``). A finished row is returned as it was; a cut one is continued: one request of
 its prompt and partial tokens with its own request's sampling parameters and the budget left (its ``max_new_tokens``,
-at most ``response_length``, minus the tokens it has), under the current weights, and the parts stitched: tokens, behaviour log-probs and entropy each the concatenation of the carried part
-and the new one. Registered as ``treetune_continuation``.
+at most ``response_length``, minus the tokens it has), under the current weights, and the parts stitched: tokens,
+behaviour log-probs and entropy each the concatenation of the carried part and the new one. Registered as
+``treetune_continuation``.
 """
 
 from __future__ import annotations

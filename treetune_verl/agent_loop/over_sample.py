@@ -201,7 +201,8 @@ class OverSampleStep:
 
 def plan_of(meta_info: dict[str, Any]) -> dict[str, Any] | None:
     """The manager's plan for this batch (``counter``, ``step``, ``target``, ``abort_failed_rows``, ``carry_over``,
-    ``global_step``) when its rows run through the counter (over-sampling or failed rows aborted; never in validation), else ``None``."""
+    ``global_step``) when its rows run through the counter (over-sampling or failed rows aborted; never in
+    validation), else ``None``."""
     plan = meta_info.get(OVER_SAMPLE_META_KEY)
     if plan is None or meta_info.get("validate", False):
         return None

@@ -34,7 +34,7 @@ import torch
 import yaml
 from omegaconf import open_dict
 
-from treetune_tests.treetune_verl.agent_loop.fakes import FIXED_LENGTH_LOOP, unpadded
+from treetune_tests.treetune_verl.agent_loop.fakes import FIXED_LENGTH_LOOP, make_batch, unpadded
 from treetune_tests.treetune_verl.agent_loop.standalone import (
     RESPONSE_LENGTH,
     driver_state_restored,  # noqa: F401  (fixture, used below)
@@ -66,26 +66,17 @@ TOLERANCE = 1e-4  # nats
 
 
 def _trainer_prompts(uids: list[str], plans: list[str], agent_names: list[str] | None = None):
-    """The dataloader's prompts as ``fit`` holds them before ``_get_gen_batch``: one row per prompt, ``uid`` set, the
-    dataset's columns (``fixed_length_agent`` unless ``agent_names`` says otherwise)."""
-    from verl.protocol import DataProto
+    """The dataloader's prompts as ``fit`` holds them before ``_get_gen_batch``: the agent-loop input of
+    ``fakes.make_batch`` (``fixed_length_agent`` unless ``agent_names`` says otherwise) with ``uid``, a data source and
+    the tensor verl's ``RLHFDataset`` adds."""
+    from tensordict import TensorDict
 
     count = len(uids)
-    raw_prompt = np.empty(count, dtype=object)
-    raw_prompt[:] = [[{"role": "user", "content": f"plan: {plan}"}] for plan in plans]
-    extra_info = np.array([{"interaction_kwargs": {"name": "scripted"}, "index": i} for i in range(count)])
-    batch = DataProto.from_dict(
-        tensors={"dummy_tensor": torch.zeros(count, 1, dtype=torch.uint8)},  # as verl's RLHFDataset adds
-        non_tensors={
-            "raw_prompt": raw_prompt,
-            "extra_info": extra_info,
-            "index": np.arange(count),
-            "agent_name": np.array(agent_names or ["fixed_length_agent"] * count, dtype=object),
-            "data_source": np.array(["carry"] * count, dtype=object),
-            "uid": np.array(uids, dtype=object),
-        },
-    )
-    batch.meta_info["temperature"] = 1.0
+    batch = make_batch(plans, agent_names or ["fixed_length_agent"] * count)
+    batch.batch = TensorDict({"dummy_tensor": torch.zeros(count, 1, dtype=torch.uint8)}, batch_size=(count,))
+    batch.non_tensor_batch["data_source"] = np.array(["carry"] * count, dtype=object)
+    batch.non_tensor_batch["uid"] = np.array(uids, dtype=object)
+    batch.meta_info = {"temperature": 1.0}
     return batch
 
 
