@@ -24,7 +24,8 @@ PYTEST_ARGS ?=
 # The current stack's suite: the real-Engine tests (one file, both stacks), the sglang side's version-independent
 # tests and the 0.5.12 adapter's, the generation job and make run's CLI, managed sessions on the real Engine
 # (EngineBackend), our server on verl 0.9.1's (scoped abort), the V1 trainer's setup and seams, verl's CPU runtime
-# patches and the rollout-entropy block in verl 0.9.1's GRPO on CPU (base run, then the full / resume variants).
+# patches and the rollout-entropy block in verl 0.9.1's GRPO on CPU (base run, then the full / resume variants),
+# over-sampling (the estimator / loss tables with verl's padding rows, the replay buffer on a real Engine, GRPO).
 CURRENT_TESTS := \
 	treetune_tests/treetune_verl/sglang/test_entropy_engine_on_cpu.py \
 	treetune_tests/treetune_verl/sglang/test_current_stack_on_cpu.py \
@@ -40,9 +41,11 @@ CURRENT_TESTS := \
 	treetune_tests/treetune_verl/rollout/test_session_on_cpu.py \
 	treetune_tests/treetune_verl/rollout/test_rollout_config_on_cpu.py \
 	treetune_tests/treetune_verl/trainer/v0_9_1 \
+	treetune_tests/treetune_verl/ppo/test_padding_rows_v0_9_1_on_cpu.py \
 	treetune_tests/e2e/test_verl_cpu_patches_on_cpu.py \
 	treetune_tests/e2e/test_check_metrics_on_cpu.py \
 	treetune_tests/e2e/test_e2e_current_stack_on_cpu.py \
+	treetune_tests/e2e/test_e2e_over_sample_on_cpu.py \
 	treetune_tests/e2e/test_e2e_variants_on_cpu.py
 
 # Every cache stays inside the repo; no model hub is reachable.

@@ -28,7 +28,9 @@ Variant checks (``E2E_VARIANT=full|resume`` of ``test_entropy_e2e.sh``):
 - ``--aborted-ratio R`` (over-sampling with abort, ``E2E_OVER_SAMPLE``): at every step ``rollout/aborted_ratio`` and
   verl's own ``response/aborted_ratio`` (rows with an empty response) both equal R, ``rollout/score/completed_mean``
   equals verl's ``critic/score/mean`` (both over completed rows), ``rollout/score/aborted_as_zero_mean`` and
-  ``rollout/wall_time_s`` are logged.
+  ``rollout/wall_time_s`` are logged. On verl 0.9.1 (its replay buffer logs ``rollout/aborted_groups``) the aborted
+  groups never reach verl's batch: ``rollout/aborted_ratio`` equals R, verl's ``response/aborted_ratio`` is 0 and
+  ``rollout/abort_wait_s`` is logged.
 - ``--carry-over`` (over-sampling with carry-over, ``E2E_CARRY_OVER=1``): at every step the carry-over metrics
   (``rollout/carry_over/...``: groups resumed and carried, tokens generated / trained / discarded, backlog) and verl's
   rollout-correction metrics (``rollout_corr/...``) are logged, every step after the first resumes the groups the
@@ -63,6 +65,7 @@ ENTROPY_DIFF = "rollout_entropy/actor_abs_diff/mean"
 VAL_CORE_PREFIX = "val-core/"
 VAL_ENTROPY_MEAN = "val-aux/rollout_entropy/mean"
 ABORTED_RATIO, VERL_ABORTED_RATIO = "rollout/aborted_ratio", "response/aborted_ratio"
+ABORTED_GROUPS, ABORT_WAIT = "rollout/aborted_groups", "rollout/abort_wait_s"  # verl 0.9.1's replay buffer
 COMPLETED_SCORE, ZERO_SCORE, VERL_SCORE = (
     "rollout/score/completed_mean",
     "rollout/score/aborted_as_zero_mean",
@@ -231,6 +234,11 @@ def _check_timing(errors: list[str], metrics: dict, over_sampling: bool, steerin
 
 
 def _check_over_sampling(errors: list[str], metrics: dict, aborted_ratio: float) -> None:
+    if ABORTED_GROUPS in metrics:  # verl 0.9.1's replay buffer: the aborted groups never reach verl's batch
+        _need(errors, metrics, ABORTED_RATIO, lambda v: abs(v - aborted_ratio) < 1e-9, f"{aborted_ratio}")
+        _need(errors, metrics, VERL_ABORTED_RATIO, lambda v: v == 0, "0 (no aborted row in the trained batch)")
+        _need(errors, metrics, ABORT_WAIT, lambda v: v >= 0, ">= 0")
+        return
     for key in (ABORTED_RATIO, VERL_ABORTED_RATIO):
         _need(errors, metrics, key, lambda v: abs(v - aborted_ratio) < 1e-9, f"{aborted_ratio} (the target's share)")
     verl_score = metrics.get(VERL_SCORE)

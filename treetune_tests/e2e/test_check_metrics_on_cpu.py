@@ -238,3 +238,15 @@ def test_carry_over_checks():
     assert any("no rollout_corr/ metric" in e for e in check(no_correction, min_steps=3, carry_over=True))
     missing = [{k: v for k, v in m.items() if k != CARRY_OVER + "backlog"} for m in steps]
     assert any("backlog" in e for e in check(missing, min_steps=3, carry_over=True))
+
+
+def test_over_sampling_checks_on_verl_0_9_1s_replay_buffer():
+    """On verl 0.9.1 the aborted groups never reach verl's batch: verl's own aborted ratio must be 0 there."""
+    over = {TREETUNE_TIMING + "over_sampling": 0.05}
+    logged = {"rollout/aborted_groups": 1, "rollout/aborted_ratio": 0.25, "rollout/abort_wait_s": 0.1}
+    passing = _train(1, **over, **logged, **{"response/aborted_ratio": 0.0})
+    assert check([passing], min_steps=1, aborted_ratio=0.25) == []
+    leaked = _train(1, **over, **logged, **{"response/aborted_ratio": 0.25})  # aborted rows in the batch
+    assert any("response/aborted_ratio" in e for e in check([leaked], min_steps=1, aborted_ratio=0.25))
+    wrong = _train(1, **over, **(logged | {"rollout/aborted_ratio": 0.5}), **{"response/aborted_ratio": 0.0})
+    assert any("rollout/aborted_ratio" in e for e in check([wrong], min_steps=1, aborted_ratio=0.25))

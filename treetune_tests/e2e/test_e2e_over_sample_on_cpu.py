@@ -1,7 +1,7 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""Over-sampling with abort in verl 0.7.1's own GRPO trainer on CPU (``E2E_OVER_SAMPLE`` of ``test_entropy_e2e.sh``),
-and with carry-over (``E2E_CARRY_OVER=1``, last test).
+"""Over-sampling with abort in verl's own GRPO trainer on CPU (``E2E_OVER_SAMPLE`` of ``test_entropy_e2e.sh``), on
+both stacks, and with carry-over (``E2E_CARRY_OVER=1``, last test, verl 0.7.1 only).
 
 The tiny e2e run (4 prompts x n = 2 = 8 rows per step) with ``actor_rollout_ref.rollout.over_sample_rate=0.25``,
 ``algorithm.adv_estimator=grpo_valid`` and ``actor_rollout_ref.model.external_lib=treetune_verl.trainer.actor_setup``,
@@ -11,10 +11,15 @@ negative control is ``treetune_tests/treetune_verl/ppo/test_loss_aggregation_on_
 step (``check_metrics --aborted-ratio 0.25``); the test re-reads the metrics: exactly 2 of 8 rows aborted at every
 step, in our metric and in verl's own ``response/aborted_ratio``; finite loss and a non-zero update at every step, so
 each step after an aborted one generated and trained normally.
+
+On verl 0.9.1 the same run goes through V1's replay buffer (``trainer/v0_9_1/over_sample_sampler.py``): 1 of 4 groups
+is aborted at every step and never reaches verl's batch (verl's ``response/aborted_ratio`` is 0; the 6 kept rows are
+padded to 8 by verl itself), and the step trains.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import math
 
 import pytest
@@ -24,6 +29,11 @@ from treetune_tests.e2e.check_metrics import GRAD_NORM, PG_LOSS, read_steps, tra
 from treetune_tests.e2e.script import REPO_ROOT, run_script
 
 WORKDIR = REPO_ROOT / "outputs" / "e2e-test-over-sample"
+CURRENT = importlib.metadata.version("verl") == "0.9.1"
+SAMPLER_KEYS = {
+    "trainer.v1.sampler.custom_sampler.path=pkg://treetune_verl.trainer.v0_9_1.over_sample_sampler",
+    "trainer.v1.sampler.custom_sampler.name=OverSampleReplayBuffer",
+}
 
 
 def test_over_sample_arguments(tiny_model_dir, tmp_path):
@@ -31,15 +41,15 @@ def test_over_sample_arguments(tiny_model_dir, tmp_path):
     plain = run_script(env, timeout=300).stdout.splitlines()
     over = run_script({**env, "E2E_OVER_SAMPLE": "0.25"}, timeout=300).stdout.splitlines()
     assert "algorithm.adv_estimator=grpo" in plain
-    assert not any(
-        a.startswith(("actor_rollout_ref.rollout.over_sample_rate", "actor_rollout_ref.model.external_lib"))
-        for a in plain
-    )
+    only_over = ("actor_rollout_ref.rollout.over_sample_rate",)  # on verl 0.9.1 the block itself names external_lib
+    only_over += () if CURRENT else ("actor_rollout_ref.model.external_lib",)
+    assert not any(a.startswith(only_over) for a in plain)
     assert {
         "algorithm.adv_estimator=grpo_valid",
         "actor_rollout_ref.rollout.over_sample_rate=0.25",
         "actor_rollout_ref.model.external_lib=treetune_verl.trainer.actor_setup",
     } <= set(over)
+    assert (set(over) >= SAMPLER_KEYS) == CURRENT and not SAMPLER_KEYS & set(plain)  # verl 0.9.1's replay buffer
     refused = run_script({**env, "E2E_OVER_SAMPLE": "0.25", "E2E_BLOCK": "0"}, timeout=60)
     assert refused.returncode == 2 and "needs the override block" in refused.stderr
     carry = run_script({**env, "E2E_OVER_SAMPLE": "0.25", "E2E_CARRY_OVER": "1"}, timeout=300).stdout.splitlines()
@@ -62,8 +72,11 @@ def test_grpo_with_over_sampling_trains_every_step():
     assert [m["step"] for m in steps] == [1, 2]
     for metrics in steps:
         assert metrics["rollout/aborted_ratio"] == 0.25 and metrics["rollout/aborted_rows"] == 2
-        assert metrics["response/aborted_ratio"] == 0.25  # verl's own count of empty responses: the same rows
         assert math.isfinite(metrics[PG_LOSS]) and math.isfinite(metrics[GRAD_NORM]) and metrics[GRAD_NORM] > 0
+        if CURRENT:  # the aborted group never reaches verl's batch
+            assert metrics["rollout/aborted_groups"] == 1 and metrics["response/aborted_ratio"] == 0
+            continue
+        assert metrics["response/aborted_ratio"] == 0.25  # verl's own count of empty responses: the same rows
         assert metrics["rollout/score/aborted_as_zero_mean"] <= metrics["rollout/score/completed_mean"]
     print(result.stdout[-2000:])
 
@@ -74,6 +87,7 @@ CARRY_WORKDIR = REPO_ROOT / "outputs" / "e2e-test-carry-over"
 @pytest.mark.slow
 @pytest.mark.e2e
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU variant; on a GPU run the script directly")
+@pytest.mark.skipif(CURRENT, reason="carry-over runs on verl 0.7.1 (refused on verl 0.9.1 so far)")
 def test_grpo_with_carry_over_resumes_and_trains_the_aborted_groups():
     """``E2E_CARRY_OVER=1``: 4 steps; each aborts 1 of 4 groups, which the next resumes (``check_metrics
     --carry-over``), with verl's token-level rollout correction; the entropy agreement (fresh tokens) keeps its bound."""

@@ -109,7 +109,8 @@ fi
 # The stack is the installed verl's: 0.7.1 (pinned, with sglang 0.5.6.post2) or 0.9.1 (current, with sglang 0.5.12;
 # `make e2e STACK=current`). On the current stack the block also names the actor entry point (external_lib): verl 0.9.1
 # builds the servers before it loads the block's manager, and that module selects the entropy server
-# (treetune_verl/trainer/v0_9_1/process_setup.py). Over-sampling, steering and the forecast are refused there so far.
+# (treetune_verl/trainer/v0_9_1/process_setup.py). Over-sampling adds its replay buffer there; carry-over, failed rows
+# aborted, the forecast and managed agents are refused there so far.
 VERL_VERSION=$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("verl"))')
 case "$VERL_VERSION" in
     0.7.1) STACK=pinned ;;
@@ -268,6 +269,11 @@ if [[ "$OVER_SAMPLE" != 0 ]]; then
         actor_rollout_ref.rollout.over_sample_rate="$OVER_SAMPLE"
         actor_rollout_ref.model.external_lib=treetune_verl.trainer.actor_setup
     )
+    # verl 0.9.1: over-sampling is our replay buffer (treetune_verl/trainer/v0_9_1/over_sample_sampler.py)
+    [[ "$STACK" == current ]] && ARGS+=(
+        trainer.v1.sampler.custom_sampler.path=pkg://treetune_verl.trainer.v0_9_1.over_sample_sampler
+        trainer.v1.sampler.custom_sampler.name=OverSampleReplayBuffer
+    )
 fi
 if [[ "$CARRY_OVER" == 1 ]]; then
     ARGS+=(
@@ -388,7 +394,7 @@ else
     CHECK+=(--no-entropy)
 fi
 if [[ "$OVER_SAMPLE" != 0 ]]; then
-    CHECK+=(--aborted-ratio "$("$PYTHON" -c "from treetune_verl.agent_loop.over_sample import completion_target as t
+    CHECK+=(--aborted-ratio "$("$PYTHON" -c "from treetune_verl.trainer.features import completion_target as t
 g = $TRAIN_BATCH_SIZE; print((g - t($OVER_SAMPLE, g)) / g)")")  # whole groups: the share of groups aborted
 fi
 [[ "$CARRY_OVER" == 1 ]] && CHECK+=(--carry-over)

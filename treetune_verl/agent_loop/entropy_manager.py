@@ -23,7 +23,7 @@ from verl.protocol import DataProto
 from verl.utils.ray_utils import auto_await
 
 from treetune_verl.agent_loop.carry_over import CarryOver
-from treetune_verl.agent_loop.over_sample import CompletionCounter, completion_target, group_sizes
+from treetune_verl.agent_loop.over_sample import CompletionCounter, group_sizes
 from treetune_verl.agent_loop.worker import EntropyAgentLoopWorker
 from treetune_verl.batch_keys import (
     CARRIED_ROW_KEY,
@@ -41,6 +41,7 @@ from treetune_verl.ppo import advantage  # noqa: F401  (registers grpo_valid / r
 from treetune_verl.rollout.rollout_config import CONFIG_PATH, check_rollout_config
 from treetune_verl.timing import OVER_SAMPLING, ROLLOUT_ENTROPY, SECONDS
 from treetune_verl.trainer import trainer_setup
+from treetune_verl.trainer.features import completion_target
 from treetune_verl.trainer.metrics import ROWS_WITHOUT_ENTROPY_METRIC, rollout_entropy_metrics
 
 logger = logging.getLogger(__name__)

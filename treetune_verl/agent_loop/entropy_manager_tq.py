@@ -4,15 +4,19 @@
 
 verl 0.9.1's V1 trainer builds the servers before it loads this class, so the server is selected earlier, through
 ``external_lib`` (``treetune_verl/trainer/v0_9_1/process_setup.py``), and the entropy reaches the trainer through the
-rows' ``extra_fields`` (the V1 seams build ``rollout_entropy`` there). This manager only refuses a run where that did
-not happen, before any rollout: without it the stock server would serve rows without entropy.
+rows' ``extra_fields`` (the V1 seams build ``rollout_entropy`` there). This manager refuses a run where that did
+not happen, before any rollout: without it the stock server would serve rows without entropy. With over-sampling
+(``rollout.over_sample_rate > 0``) its workers run each training row under its group's session
+(``over_sample_worker_tq.py``), which the trainer's replay buffer aborts by uid.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from treetune_verl.trainer.features import ACTOR_SETUP_MODULE, EXTERNAL_LIB_KEY, MANAGER_KEY
+import ray
+
+from treetune_verl.trainer.features import ACTOR_SETUP_MODULE, EXTERNAL_LIB_KEY, MANAGER_KEY, over_sample_rate
 from treetune_verl.trainer.v0_9_1.process_setup import server_selected
 from treetune_verl.verl_guard import VERL_CURRENT
 
@@ -28,10 +32,17 @@ class EntropyAgentLoopManager(AgentLoopManagerTQ):
         ValueError: ``external_lib`` does not name our entry point (naming both keys).
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, config: Any, llm_client: Any, *args: Any, **kwargs: Any) -> None:
         if not server_selected():
             raise ValueError(
                 f"{MANAGER_KEY} on verl 0.9.1 needs {EXTERNAL_LIB_KEY}={ACTOR_SETUP_MODULE}: verl builds the "
                 "rollout servers before it loads the manager, and that module selects the entropy server then"
             )
-        super().__init__(*args, **kwargs)
+        over_sampling = over_sample_rate(config.actor_rollout_ref.rollout) > 0
+        if over_sampling:
+            from treetune_verl.agent_loop.over_sample_worker_tq import OverSamplingAgentLoopWorkerTQ, session_client
+
+            llm_client = session_client(llm_client)
+        super().__init__(config, llm_client, *args, **kwargs)
+        if over_sampling:  # after verl's __init__, which sets its own worker class
+            self.agent_loop_workers_class = ray.remote(OverSamplingAgentLoopWorkerTQ)

@@ -5,7 +5,7 @@
 verl 0.7.1 documents ``actor_rollout_ref.rollout.over_sample_rate`` ("abort remaining requests when
 ``(1 - over_sample_rate) * total`` completions are reached", ``rollout.yaml:116-118``) but nothing reads it. Here the
 target counts *groups* (a prompt's ``rollout.n`` responses, one ``uid``): a step keeps the first
-:func:`completion_target` groups whose every response has finished, and aborts the rest, so every trained group is
+:func:`~treetune_verl.trainer.features.completion_target` groups whose every response has finished, and aborts the rest, so every trained group is
 whole and a group estimator's statistics are verl's own. At ``rollout.n = 1`` a group is one row.
 
 - the manager checks the settings at start-up (``treetune_verl/trainer/features.py``), counts the batch's groups
@@ -24,7 +24,6 @@ A trajectory's session, group and step travel with its coroutine in ``trajectory
 from __future__ import annotations
 
 import asyncio
-import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,17 +33,6 @@ import ray
 
 from treetune_verl.batch_keys import OVER_SAMPLE_META_KEY
 from treetune_verl.timing import OVER_SAMPLING, SECONDS
-
-
-def completion_target(rate: float, groups: int) -> int:
-    """``ceil((1 - rate) * groups)``: how many whole groups of a step must complete before the rest are aborted.
-
-    Computed on the rate's decimal value so that e.g. ``(1 - 0.1) * 10`` gives 9, not 10. At least 1.
-    """
-    if groups < 1:
-        raise ValueError(f"groups must be >= 1, got {groups}")
-    keep = round((1.0 - rate) * groups, 9)
-    return max(1, min(groups, math.ceil(keep)))
 
 
 def group_sizes(uids: Sequence[Any] | None) -> dict[str, int]:

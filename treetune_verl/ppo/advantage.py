@@ -4,7 +4,10 @@
 
 Over-sampling aborts whole groups (``agent_loop/over_sample.py``), so verl's own ``grpo`` / ``rloo`` are exact with
 it (:data:`ESTIMATORS_WITH_ABORTED_GROUPS` lists every estimator). ``grpo_valid`` / ``rloo_valid`` stay for rows
-that end empty within a kept group (a trajectory that produced no token) and for batches built elsewhere.
+that end empty within a kept group (a trajectory that produced no token) and for batches built elsewhere. In verl
+0.9.1's V1 trainer the aborted groups never reach the trainer, but verl pads the smaller batch with synthetic rows:
+:data:`ESTIMATORS_WITH_PADDING_ROWS` and :data:`LOSS_AGG_MODES_WITH_PADDING_ROWS` say which estimators and which
+``loss_agg_mode`` values train the kept rows as if the padding rows were not there.
 
 An empty (aborted) row reaches the trainer with an all-zero ``response_mask`` and score 0. verl's ``grpo`` / ``rloo``
 (``verl/trainer/ppo/core_algos.py`` ``compute_grpo_outcome_advantage`` / ``compute_rloo_outcome_advantage``) count
@@ -37,12 +40,15 @@ from verl.trainer.ppo import core_algos
 
 __all__ = [
     "ESTIMATORS_WITH_ABORTED_GROUPS",
+    "ESTIMATORS_WITH_PADDING_ROWS",
     "GRPO_VALID",
+    "LOSS_AGG_MODES_WITH_PADDING_ROWS",
     "RLOO_VALID",
     "completed_rows",
     "compute_grpo_valid_advantage",
     "compute_rloo_valid_advantage",
     "supported_with_aborted_groups",
+    "supported_with_padding_rows",
 ]
 
 GRPO_VALID = "grpo_valid"
@@ -78,6 +84,60 @@ ESTIMATORS_WITH_ABORTED_GROUPS: dict[str, str | None] = {
 def supported_with_aborted_groups() -> list[str]:
     """The estimators that train right with over-sampling's aborted groups, sorted."""
     return sorted(name for name, reason in ESTIMATORS_WITH_ABORTED_GROUPS.items() if reason is None)
+
+
+_V1_NO_SUM_PI_SQUARED = "verl 0.9.1's V1 _compute_advantage fetches no sum_pi_squared: AssertionError, padded or not"
+_SEQ_MEAN_SCALED = (
+    "divides by global_batch_size = ppo_mini_batch_size * rollout.n rows, padding rows counted: the kept rows' loss "
+    "is scaled by kept / padded rows of the mini-batch"
+)
+# verl 0.9.1's registered estimators (plus ``gae``, which its ``compute_advantage`` dispatches itself) in the V1
+# trainer, where over-sampling's aborted groups never reach the trainer but the smaller batch is padded by verl's
+# ``_balance_batch`` with its synthetic rows (``verl/trainer/ppo/padding_utils.py``: one shared ``pad<hex>`` uid, a
+# 1-token response with ``response_mask`` 0 and score 0): ``None`` when the kept rows' advantages and returns are
+# exactly those verl computes for the kept rows alone and the padding rows' stay finite (measured through verl's own
+# ``upsample_batch_to_divisible_size`` and ``compute_advantage_for_multi_trajectories`` as ``PPOTrainer.
+# _compute_advantage`` calls it: ``treetune_tests/treetune_verl/ppo/test_padding_rows_v0_9_1_on_cpu.py``), else why
+# it is refused. A plain dict: this module is imported on verl 0.7.1 too.
+ESTIMATORS_WITH_PADDING_ROWS: dict[str, str | None] = {
+    "grpo": None,  # V1's own per-session path; the padding group scores 0 with std 0: advantage 0
+    "grpo_vectorized": None,
+    # verl pads by a multiple of rollout.n rows while the actor trains (lcm(dp, ppo_mini_batch_size * n)): the padding
+    # group has >= 2 rows, as pass@k needs (a lone padding row would raise)
+    "grpo_passk": None,
+    "rloo": None,
+    "rloo_vectorized": None,
+    "reinforce_plus_plus": None,  # whitening over response_mask (0 on padding rows)
+    "reinforce_plus_plus_baseline": None,
+    "gae": None,  # whitening over response_mask; the critic's value loss follows LOSS_AGG_MODES_WITH_PADDING_ROWS
+    GRPO_VALID: None,  # a padding row has no response token: its group gets advantage 0
+    RLOO_VALID: None,
+    "gpg": "its batch-wide scale (rows / rows with a non-zero score) counts verl's padding rows",
+    "opo": (
+        "the padding group's length-weighted baseline is 0 / 0: NaN advantages on the padding rows, which give the "
+        "actor a NaN gradient through its masked loss (NaN * 0)"
+    ),
+    "gdpo": "verl 0.9.1's V1 _compute_advantage fetches neither prompts nor the reward keys: KeyError, padded or not",
+    "remax": "verl 0.9.1's V1 _compute_advantage passes no reward_baselines: TypeError, padded or not",
+    "optimal_token_baseline": _V1_NO_SUM_PI_SQUARED,
+    "tir_optimal_token_baseline": _V1_NO_SUM_PI_SQUARED,
+}
+# verl 0.9.1's ``core_algos.agg_loss`` modes on a mini-batch that holds verl's padding rows, with the arguments the
+# V1 trainer's workers pass (``global_batch_size`` = ``ppo_mini_batch_size * rollout.n``, in rows, the mini-batch as
+# padded; ``batch_num_tokens`` = the mini-batch's ``loss_mask`` tokens, none on a padding row): ``None`` when the loss
+# equals the loss of the kept rows alone as an unpadded mini-batch, else why it is refused (same test as above).
+LOSS_AGG_MODES_WITH_PADDING_ROWS: dict[str, str | None] = {
+    "token-mean": None,  # divides by batch_num_tokens, which has no padding token
+    "token-sum": None,
+    "seq-mean-token-sum": _SEQ_MEAN_SCALED,
+    "seq-mean-token-sum-norm": _SEQ_MEAN_SCALED,
+    "seq-mean-token-mean": _SEQ_MEAN_SCALED,
+}
+
+
+def supported_with_padding_rows() -> list[str]:
+    """The estimators that train right in verl 0.9.1's V1 trainer with its padding rows in the batch, sorted."""
+    return sorted(name for name, reason in ESTIMATORS_WITH_PADDING_ROWS.items() if reason is None)
 
 
 def completed_rows(response_mask: torch.Tensor) -> torch.Tensor:

@@ -11,10 +11,14 @@ turns of its own trajectory and nothing of another caller or a later step.
     session = new_session_id()          # "tts-3f2a...9c:"
     rid = turn_request_id(session)      # "tts-3f2a...9c:71be...04"
     session_of(rid) == session
+
+A group's rows may share one session (:func:`group_session_id`, derived from the group's ``uid``), so that whoever
+knows the uid can abort all of the group's turns with one prefix, without asking the workers for their sessions.
 """
 
 from __future__ import annotations
 
+import hashlib
 from uuid import uuid4
 
 SESSION_DELIMITER = ":"
@@ -24,6 +28,11 @@ _SESSION_TAG = "tts-"
 def new_session_id() -> str:
     """A fresh session prefix: ``"tts-<32 hex>:"``."""
     return f"{_SESSION_TAG}{uuid4().hex}{SESSION_DELIMITER}"
+
+
+def group_session_id(group: str) -> str:
+    """The session prefix of every row of ``group`` (a uid): ``"tts-<32 hex>:"``, the same in every process."""
+    return f"{_SESSION_TAG}{hashlib.blake2b(group.encode(), digest_size=16).hexdigest()}{SESSION_DELIMITER}"
 
 
 def turn_request_id(session: str) -> str:

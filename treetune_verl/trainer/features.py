@@ -24,6 +24,7 @@ message names both keys.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +32,13 @@ from omegaconf import OmegaConf
 
 from treetune_verl.forecast.settings import SECTION as FORECAST_SECTION
 from treetune_verl.forecast.settings import ForecastSettings, forecast_settings
-from treetune_verl.ppo.advantage import ESTIMATORS_WITH_ABORTED_GROUPS, supported_with_aborted_groups
+from treetune_verl.ppo.advantage import (
+    ESTIMATORS_WITH_ABORTED_GROUPS,
+    ESTIMATORS_WITH_PADDING_ROWS,
+    LOSS_AGG_MODES_WITH_PADDING_ROWS,
+    supported_with_aborted_groups,
+    supported_with_padding_rows,
+)
 from treetune_verl.ppo.entropy_advantage import EntropySteering, entropy_steering
 
 ROLLOUT = "actor_rollout_ref.rollout"
@@ -58,6 +65,17 @@ def over_sample_rate(rollout_config: Any) -> float:
     if not 0.0 <= rate < 1.0:
         raise ValueError(f"{ROLLOUT}.{RATE_KEY} must be in [0, 1); got {rate}")
     return rate
+
+
+def completion_target(rate: float, groups: int) -> int:
+    """``ceil((1 - rate) * groups)``: how many whole groups of a step must complete before the rest are aborted.
+
+    Computed on the rate's decimal value so that e.g. ``(1 - 0.1) * 10`` gives 9, not 10. At least 1.
+    """
+    if groups < 1:
+        raise ValueError(f"groups must be >= 1, got {groups}")
+    keep = round((1.0 - rate) * groups, 9)
+    return max(1, min(groups, math.ceil(keep)))
 
 
 def external_libs(config: Any) -> list[str]:
@@ -194,8 +212,7 @@ def check_over_sample_config(config: Any) -> None:
     """
     rate = over_sample_rate(OmegaConf.select(config, ROLLOUT, default=None) or {})
     what = f"{RATE_KEY} > 0" if rate > 0 else f"{FAILED_ROWS_KEY}=true"  # the key that makes rows abort
-    estimator = OmegaConf.select(config, "algorithm.adv_estimator", default="") or ""
-    estimator = str(getattr(estimator, "value", estimator))
+    estimator = _estimator(config)
     supported = ", ".join(supported_with_aborted_groups())
     if estimator not in ESTIMATORS_WITH_ABORTED_GROUPS:
         raise ValueError(
@@ -205,7 +222,7 @@ def check_over_sample_config(config: Any) -> None:
     reason = ESTIMATORS_WITH_ABORTED_GROUPS[estimator]
     if reason is not None:
         raise ValueError(f"{what} with algorithm.adv_estimator={estimator}: {reason}. Use one of: {supported}.")
-    if OmegaConf.select(config, "critic.enable", default=None):
+    if _critic_on(config):
         raise ValueError(f"{what} with critic.enable=True: the critic's value loss would fit the aborted rows")
     if not has_actor_setup(config):
         raise ValueError(
@@ -242,15 +259,19 @@ TRAINER_MODE_KEY = "trainer.v1.trainer_mode"
 CURRENT_TRAINER_MODES = ("sync", "colocate_async")  # separate_async overrides _compute_old_log_prob
 DEFAULT_LOOP_KEY = f"{ROLLOUT}.agent.default_agent_loop"
 MANAGED_LOOP = "entropy_managed_agent"
+# Over-sampling's V1 replay buffer (trainer/v0_9_1/over_sample_sampler.py), selected through verl's own keys.
+SAMPLER_KEY = "trainer.v1.sampler.custom_sampler"
+SAMPLER_PATH = "pkg://treetune_verl.trainer.v0_9_1.over_sample_sampler"
+SAMPLER_NAME = "OverSampleReplayBuffer"
 
 
 def check_current_stack(config: Any, verl_version: str) -> RunFeatures:
     """Refuse, at start-up, what treetune-verl does not run on verl 0.9.1 yet; the features on.
 
     Rollout entropy and entropy steering (forking tokens, advantage shaping: trainer-side only) run on verl 0.9.1's
-    default (V1) trainer in its ``sync`` and ``colocate_async`` modes; the other features are refused naming the
-    feature, the key and the version (their verl 0.7.1 seams have no target on verl 0.9.1's engine-worker actor
-    yet).
+    default (V1) trainer in its ``sync`` and ``colocate_async`` modes, over-sampling in ``sync`` with its replay
+    buffer (:func:`check_current_over_sample_config`); the other features are refused naming the feature, the key
+    and the version (their verl 0.7.1 seams have no target on verl 0.9.1's engine-worker actor yet).
 
     Raises:
         ValueError: naming the refused feature's key and ``verl_version``.
@@ -258,7 +279,6 @@ def check_current_stack(config: Any, verl_version: str) -> RunFeatures:
     features = RunFeatures.from_config(config, rollout_entropy=True)
     default_loop = OmegaConf.select(config, DEFAULT_LOOP_KEY, default=None)
     refused = {
-        f"over-sampling with abort ({ROLLOUT}.{RATE_KEY} > 0)": features.over_sample_rate > 0,
         f"failed rows aborted ({FAILED_ROWS_KEY})": features.abort_failed_rows,
         f"carry-over ({CARRY_OVER_KEY})": features.carry_over,
         f"the live entropy forecast ({FORECAST_SECTION})": features.forecast is not None,
@@ -281,4 +301,52 @@ def check_current_stack(config: Any, verl_version: str) -> RunFeatures:
             f"rollout entropy on verl {verl_version} supports {TRAINER_MODE_KEY} in {CURRENT_TRAINER_MODES}; got "
             f"{mode!r}"
         )
+    if features.over_sample_rate > 0:
+        check_current_over_sample_config(config, verl_version)
     return features
+
+
+def check_current_over_sample_config(config: Any, verl_version: str) -> None:
+    """Refuse over-sampling on verl 0.9.1 without its replay buffer, in another trainer mode, or with settings that
+    verl's padding of the smaller batch would make wrong.
+
+    Raises:
+        ValueError: naming the key (the replay buffer's two keys and values; the trainer mode; the estimator or loss
+            mode, with the reason and the supported ones).
+    """
+    what = f"over-sampling ({ROLLOUT}.{RATE_KEY} > 0) on verl {verl_version}"
+    sampler = {key: OmegaConf.select(config, f"{SAMPLER_KEY}.{key}", default=None) for key in ("path", "name")}
+    if sampler != {"path": SAMPLER_PATH, "name": SAMPLER_NAME}:
+        raise ValueError(
+            f"{what} runs in its replay buffer: set {SAMPLER_KEY}.path={SAMPLER_PATH} and {SAMPLER_KEY}.name="
+            f"{SAMPLER_NAME} (got {sampler})"
+        )
+    mode = OmegaConf.select(config, TRAINER_MODE_KEY, default="sync")
+    if mode != "sync":
+        raise ValueError(
+            f"{what} needs {TRAINER_MODE_KEY}=sync (an async trainer keeps groups across steps); got {mode!r}"
+        )
+    # The batch of kept groups is smaller than train_batch_size, and verl pads it with rows of its own: only what is
+    # exact with them is run (ppo/advantage.py, measured in ppo/test_padding_rows_v0_9_1_on_cpu.py). Refused even
+    # where a config's sizes would need no padding: dp size, mini-batch and target are not all known here.
+    estimator = _estimator(config)
+    reason = ESTIMATORS_WITH_PADDING_ROWS.get(estimator, "not checked with verl's padding rows")
+    if reason is not None:
+        supported = ", ".join(supported_with_padding_rows())
+        raise ValueError(f"{what} with algorithm.adv_estimator={estimator}: {reason}. Use one of: {supported}.")
+    loss_modes = {"actor_rollout_ref.actor.loss_agg_mode": True, "critic.loss_agg_mode": _critic_on(config)}
+    for key, used in loss_modes.items():
+        loss_mode = OmegaConf.select(config, key, default="token-mean")
+        reason = LOSS_AGG_MODES_WITH_PADDING_ROWS.get(loss_mode, "not checked with verl's padding rows")
+        if used and reason is not None:
+            supported = ", ".join(mode for mode, why in LOSS_AGG_MODES_WITH_PADDING_ROWS.items() if why is None)
+            raise ValueError(f"{what} with {key}={loss_mode}: {reason}. Use one of: {supported}.")
+
+
+def _estimator(config: Any) -> str:
+    estimator = OmegaConf.select(config, "algorithm.adv_estimator", default="") or ""
+    return str(getattr(estimator, "value", estimator))
+
+
+def _critic_on(config: Any) -> bool:
+    return bool(OmegaConf.select(config, "critic.enable", default=None))

@@ -18,17 +18,19 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import time
-from collections import Counter
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
 from verl.interactions.base import BaseInteraction
 from verl.protocol import DataProto
 
+from treetune_tests.treetune_verl.agent_loop.fixed_length_loop import (  # noqa: F401  (re-exported)
+    FIXED_LENGTH_LOOP,
+    FixedLengthAgentLoop,
+)
 from treetune_tests.treetune_verl.agent_loop.tool_fakes import TOOL_CONFIG, AddTool  # noqa: F401  (re-exported)
 from treetune_tests.treetune_verl.verl_config import compose_ppo_trainer
 from treetune_verl.agent_loop.entropy_single_turn_agent_loop import EntropySingleTurnAgentLoop
@@ -139,7 +141,6 @@ def _log_slow_user(event: str) -> None:
 
 SLOW_USER_S = 3.0
 SLOW_USER_LOG = "TREETUNE_TEST_SLOW_USER_LOG"
-FIXED_LENGTH_LOOP = {"name": "fixed_length_agent", "_target_": f"{__name__}.FixedLengthAgentLoop"}
 FAILING_LOOP = {"name": "failing_agent", "_target_": f"{__name__}.FailingAgentLoop"}
 FAILURE = "the tool this task needs is down"
 INTERACTION_CONFIG = {
@@ -148,29 +149,6 @@ INTERACTION_CONFIG = {
         {"name": "slow", "class_name": f"{__name__}.SlowInteraction", "config": {}},
     ]
 }
-
-
-class FixedLengthAgentLoop(EntropySingleTurnAgentLoop):
-    """The entropy single-turn loop, except that a prompt containing ``tokens=N`` ignores end-of-sequence tokens and
-    generates exactly ``N`` tokens (at most ``response_length``): deterministic response lengths on a random model
-    (only that row's sampling parameters change). Per row of a group (its rows run in one worker, started in order;
-    counted per prompt in this process): ``lengths=N1/N2/...`` gives the j-th row ``N_j`` (cycling). Select it through
-    an ``agent_loop_config_path`` entry (:data:`FIXED_LENGTH_LOOP`)."""
-
-    _rows_seen: ClassVar[Counter[str]] = Counter()
-
-    async def run(self, sampling_params: dict[str, Any], **kwargs: Any):
-        prompt = str(kwargs["raw_prompt"])
-        row, self._rows_seen[prompt] = self._rows_seen[prompt], self._rows_seen[prompt] + 1
-        tokens = None
-        if (per_row := re.search(r"lengths=([\d/]+)", prompt)) is not None:
-            values = [int(value) for value in per_row.group(1).split("/")]
-            tokens = values[row % len(values)]
-        elif (fixed := re.search(r"tokens=(\d+)", prompt)) is not None:
-            tokens = int(fixed.group(1))
-        if tokens is not None:
-            sampling_params = {**sampling_params, "ignore_eos": True, "max_new_tokens": tokens}
-        return await super().run(sampling_params, **kwargs)
 
 
 class FailingAgentLoop(EntropySingleTurnAgentLoop):

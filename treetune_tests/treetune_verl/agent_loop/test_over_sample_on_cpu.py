@@ -23,11 +23,10 @@ from treetune_verl.agent_loop.over_sample import (
     CompletionCounter,
     OverSampleStep,
     StepCounter,
-    completion_target,
     group_sizes,
 )
 from treetune_verl.rollout.session import new_session_id
-from treetune_verl.trainer.features import RunFeatures, check_over_sample_config, over_sample_rate
+from treetune_verl.trainer.features import RunFeatures, check_over_sample_config, completion_target, over_sample_rate
 from treetune_verl.trainer.metrics import over_sample_metrics
 from treetune_verl.trainer.trainer_seams import _wrap_extract_reward
 

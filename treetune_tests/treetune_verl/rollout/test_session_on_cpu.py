@@ -8,7 +8,13 @@ from uuid import uuid4
 
 import pytest
 
-from treetune_verl.rollout.session import is_session_id, new_session_id, session_of, turn_request_id
+from treetune_verl.rollout.session import (
+    group_session_id,
+    is_session_id,
+    new_session_id,
+    session_of,
+    turn_request_id,
+)
 
 
 def _scheduler_matches(abort_rid: str, rid: str) -> bool:
@@ -42,3 +48,15 @@ def test_session_of_and_refusals():
         turn_request_id(uuid4().hex)
     with pytest.raises(ValueError, match="not a session id"):
         turn_request_id(turn_request_id(new_session_id()))
+
+
+def test_a_group_session_is_the_same_in_every_process_and_matches_its_group_only():
+    """The trainer aborts a group knowing only its uid: the workers name its turns by the same prefix."""
+    uids = [str(uuid4()) for _ in range(200)] + ["0", "00", "pad1"]
+    sessions = [group_session_id(uid) for uid in uids]
+    assert sessions == [group_session_id(uid) for uid in uids] and len(set(sessions)) == len(uids)
+    for session in sessions:
+        assert is_session_id(session)
+        turn = turn_request_id(session)
+        assert session_of(turn) == session
+        assert [_scheduler_matches(other, turn) for other in sessions].count(True) == 1

@@ -18,7 +18,8 @@ in ``HFModelConfig.__post_init__`` (``workers/config/model.py:148``), which ``_s
    ``EntropySGLangReplica`` through verl's own attribute for it (``rollout_replica_class``, "for recipe to
    change"), and installs the V1 trainer's seams (``trainer_seams.py``). The reward model's and teacher's
    replicas are built elsewhere (``get_rollout_replica_class``) and stay verl's; a run without the block is
-   untouched.
+   untouched. The policy's server manager is kept (:func:`policy_server_manager`): over-sampling's replay buffer,
+   in the same process, aborts groups on its servers.
 
 Why not ``RolloutReplicaRegistry.register("sglang", ...)``: the reward model and the teacher share that entry, and a
 ``verl.plugins`` entry point would run in every verl process of every user who has the package installed.
@@ -33,7 +34,7 @@ from omegaconf import OmegaConf
 from treetune_verl.patching import Wrap
 from treetune_verl.verl_guard import VERL_CURRENT, installed_verl_version
 
-__all__ = ["install", "selects_rollout_entropy", "server_selected"]
+__all__ = ["install", "policy_server_manager", "selects_rollout_entropy", "server_selected"]
 
 # Signature the wrapper repeats: verl 0.9.1 workers/rollout/llm_server.py LLMServerManager.__init__.
 _LLM_SERVER_MANAGER_INIT_PARAMS = (
@@ -52,7 +53,8 @@ LOOPS = {
     "entropy_tool_agent": "treetune_verl.agent_loop.entropy_tool_agent_loop_v0_9_1.EntropyToolAgentLoop",
 }
 
-_SERVER_SELECTED = False  # set in the trainer's process once the policy's servers are ours (server_selected)
+# The trainer's process's LLMServerManager whose servers are ours (one per trainer: the policy's), once built.
+_POLICY_SERVER_MANAGER: Any = None
 
 
 def selects_rollout_entropy(config: Any) -> bool:
@@ -64,12 +66,27 @@ def selects_rollout_entropy(config: Any) -> bool:
 
 def server_selected() -> bool:
     """Whether this process built the policy's servers as ``EntropySGLangReplica`` (the trainer's, after the wrap)."""
-    return _SERVER_SELECTED
+    return _POLICY_SERVER_MANAGER is not None
+
+
+def policy_server_manager() -> Any:
+    """verl's ``LLMServerManager`` of the policy's entropy servers (``config``, ``server_handles``), in the process
+    that built it.
+
+    Raises:
+        RuntimeError: this process built no server manager with our servers (``external_lib`` not named, or not the
+            trainer's process).
+    """
+    if _POLICY_SERVER_MANAGER is None:
+        raise RuntimeError(
+            "no entropy servers were built in this process: the block's external_lib selects them in the trainer's "
+            "process (treetune_verl.trainer.actor_setup)"
+        )
+    return _POLICY_SERVER_MANAGER
 
 
 def _select(config: Any) -> type:
     """Refuse what cannot run, install the trainer's seams; the replica class for the policy's servers."""
-    global _SERVER_SELECTED
     from treetune_verl.rollout.replica import EntropySGLangReplica
     from treetune_verl.rollout.rollout_config import check_rollout_config
     from treetune_verl.trainer.features import check_current_stack
@@ -78,14 +95,15 @@ def _select(config: Any) -> type:
     check_rollout_config(config.actor_rollout_ref.rollout)
     features = check_current_stack(config, installed_verl_version())
     trainer_seams.install(features)
-    _SERVER_SELECTED = True
     return EntropySGLangReplica
 
 
 def _wrap_llm_server_manager_init(original):
     def __init__(self, config, worker_group=None, rollout_resource_pool=None, start_rank=0, load_balancer_cls=None):
+        global _POLICY_SERVER_MANAGER
         if selects_rollout_entropy(config) and not hasattr(self, "rollout_replica_class"):
             self.rollout_replica_class = _select(config)
+            _POLICY_SERVER_MANAGER = self
         original(self, config, worker_group, rollout_resource_pool, start_rank, load_balancer_cls)
 
     return __init__

@@ -22,7 +22,6 @@ from treetune_verl.trainer.features import check_current_stack
 pytestmark = pytest.mark.skipif(importlib.metadata.version("verl") != "0.9.1", reason="verl 0.9.1 (the current stack)")
 
 REFUSED = {  # feature -> words of its refusal
-    "over_sampling": "over-sampling with abort",
     "forecast": "the live entropy forecast",
     "managed_agent": "managed agent sessions",
 }
@@ -81,6 +80,31 @@ def test_failed_rows_aborted_are_refused_before_any_server(process_setup, tiny_m
         _manager(_compose(overrides))
 
 
+def test_over_sampling_starts_on_verl_0_9_1_with_its_replay_buffer(process_setup, tiny_model_dir, tmp_path):
+    """The e2e script's over-sampling command line (grpo_valid, token-mean, the replay buffer's keys) starts."""
+    config = _compose(_command_line(("over_sampling",), tiny_model_dir, tmp_path))
+    assert check_current_stack(config, "0.9.1").enabled == ["rollout_entropy", "over_sampling"]
+    _manager(config)  # not refused
+
+
+@pytest.mark.parametrize(
+    ("override", "words"),
+    [
+        ("trainer.v1.sampler.custom_sampler.name=null", "runs in its replay buffer: set trainer.v1.sampler"),
+        ("trainer.v1.trainer_mode=colocate_async", "needs trainer.v1.trainer_mode=sync"),
+        ("algorithm.adv_estimator=gpg", "adv_estimator=gpg: its batch-wide scale .* Use one of: .*grpo,"),
+        ("algorithm.adv_estimator=opo", "adv_estimator=opo: the padding group's length-weighted baseline"),
+        ("actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean", "loss_agg_mode=seq-mean-token-mean: divides"),
+    ],
+)
+def test_over_sampling_on_verl_0_9_1_refuses_what_verls_padding_makes_wrong(
+    override, words, process_setup, tiny_model_dir, tmp_path
+):
+    config = _compose([*_command_line(("over_sampling",), tiny_model_dir, tmp_path), override])
+    with pytest.raises(ValueError, match=f"over-sampling .* on verl 0.9.1 .*{words}"):
+        _manager(config)
+
+
 @pytest.mark.parametrize("name", ["forking_tokens", "advantage_shaping"])
 def test_steering_starts_on_verl_0_9_1(name, process_setup, tiny_model_dir, tmp_path):
     """Forking tokens and advantage shaping run in the trainer's process (the V1 seam after _compute_advantage)."""
@@ -103,7 +127,7 @@ def test_the_manager_refuses_a_run_whose_servers_are_not_ours(process_setup, mon
     """Without the actor entry point verl's stock server would serve rows without entropy: refused by name."""
     from treetune_verl.agent_loop import EntropyAgentLoopManager
 
-    monkeypatch.setattr(process_setup, "_SERVER_SELECTED", False)
+    monkeypatch.setattr(process_setup, "_POLICY_SERVER_MANAGER", None)
     with pytest.raises(ValueError, match="external_lib=treetune_verl.trainer.actor_setup"):
         EntropyAgentLoopManager(None, None)
 

@@ -20,6 +20,9 @@ Checked: each entropy row equals an independent teacher-forced HF recomputation 
 row misaligned by one position either way, or all zeros, would fail; verl's ``rollout_log_probs`` agree with the
 recomputation's log-probability of each sampled token; ``has_rollout_entropy`` is False exactly for the stock
 ``single_turn_agent`` row; nothing of the run is left after ``ray.shutdown()``.
+
+The second test is over-sampling on verl 0.9.1: the same path with our ``OverSamplingAgentLoopWorkerTQ`` workers and
+our replay buffer (``OverSampleReplayBuffer``) sampling as the V1 trainer does (its docstring).
 """
 
 from __future__ import annotations
@@ -30,10 +33,12 @@ import uuid
 
 import numpy as np
 import pytest
+import ray
 import torch
 import yaml
 from omegaconf import open_dict
 
+from treetune_tests.treetune_verl.agent_loop.fixed_length_loop import FIXED_LENGTH_LOOP
 from treetune_tests.treetune_verl.agent_loop.standalone import (
     PROMPT_LENGTH,
     RESPONSE_LENGTH,
@@ -46,6 +51,7 @@ from treetune_tests.treetune_verl.agent_loop.standalone import (
 from treetune_tests.treetune_verl.verl_config import compose_ppo_trainer
 from treetune_verl.batch_keys import HAS_ROLLOUT_ENTROPY_KEY, ROLLOUT_ENTROPY_KEY
 from treetune_verl.sglang.engine import CPU_ENGINE_KWARGS
+from treetune_verl.trainer.features import SAMPLER_KEY, SAMPLER_NAME, SAMPLER_PATH
 
 pytestmark = [
     pytest.mark.skipif(importlib.metadata.version("verl") != "0.9.1", reason="verl 0.9.1 (the current stack)"),
@@ -57,17 +63,19 @@ NAMES = ["entropy_single_turn_agent", "entropy_tool_agent_calls", "single_turn_a
 WAIT_S = 600
 
 
-def _config(model_path, workdir):
+def _config(model_path, workdir, loops=(), overrides=(), response_length=RESPONSE_LENGTH):
+    """verl 0.9.1's trainer config for a standalone rollout of the block on the CPU Engine; ``loops``: more
+    ``agent_loop_config_path`` entries; ``overrides``: more Hydra overrides (which must not repeat a key set here)."""
     from treetune_tests.treetune_verl.agent_loop.tool_fakes import TOOL_CONFIG
     from treetune_tests.treetune_verl.trainer.v0_9_1.current_stack_fakes import ALWAYS_ADD, TOOL_CALLING_LOOP
 
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "tools.yaml").write_text(yaml.safe_dump(TOOL_CONFIG))
-    (workdir / "loops.yaml").write_text(yaml.safe_dump([TOOL_CALLING_LOOP]))
+    (workdir / "loops.yaml").write_text(yaml.safe_dump([TOOL_CALLING_LOOP, *loops]))
     config = compose_ppo_trainer(
         model_path,
         PROMPT_LENGTH,
-        RESPONSE_LENGTH,
+        response_length,
         [
             "actor_rollout_ref.model.external_lib=treetune_verl.trainer.actor_setup",
             f"actor_rollout_ref.rollout.multi_turn.tool_config_path={workdir / 'tools.yaml'}",
@@ -78,7 +86,7 @@ def _config(model_path, workdir):
             "actor_rollout_ref.rollout.nnodes=1",
             "actor_rollout_ref.rollout.n_gpus_per_node=1",
             "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-            "actor_rollout_ref.rollout.n=1",
+            *overrides,
             "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
             # verl 0.7.1's server switched a standalone rollout from dummy to real weights itself
             # (async_sglang_server.py:110); verl 0.9.1's serves rollout.load_format as given (dummy by default)
@@ -93,12 +101,14 @@ def _config(model_path, workdir):
     return config
 
 
-def _prompts(names: list[str]):
+def _prompts(names: list[str], contents: list[str] | None = None, global_steps: int = 1):
+    """One prompt per loop name, as the V1 trainer hands them to the manager (a fresh ``uid`` each)."""
     from verl.utils import tensordict_utils as tu
 
     n = len(names)
+    contents = contents or [f"plan {i}: add two numbers" for i in range(n)]
     raw_prompt = np.empty(n, dtype=object)
-    raw_prompt[:] = [[{"role": "user", "content": f"plan {i}: add two numbers"}] for i in range(n)]
+    raw_prompt[:] = [[{"role": "user", "content": content}] for content in contents]
     batch = tu.get_tensordict(
         {
             "raw_prompt": raw_prompt,
@@ -108,7 +118,7 @@ def _prompts(names: list[str]):
             "uid": np.array([str(uuid.uuid4()) for _ in range(n)], dtype=object),
         }
     )
-    tu.assign_non_tensor_data(batch, "global_steps", 1)
+    tu.assign_non_tensor_data(batch, "global_steps", global_steps)
     return batch
 
 
@@ -138,7 +148,7 @@ def test_v1_rollout_real_engine_matches_hf(tiny_model_dir, tmp_path, monkeypatch
     from treetune_verl.trainer.v0_9_1.trainer_seams import read_rollout_entropy
 
     model_path = model_with_short_turns(tiny_model_dir, tmp_path / "tiny-short-turns")
-    config = _config(model_path, tmp_path / "cfg")
+    config = _config(model_path, tmp_path / "cfg", overrides=["actor_rollout_ref.rollout.n=1"])
     monkeypatch.setenv("TRANSFER_QUEUE_ENABLE", "1")
     with ray_session(monkeypatch) as session:
         tq.init(config.transfer_queue)
@@ -191,3 +201,141 @@ def test_v1_rollout_real_engine_matches_hf(tiny_model_dir, tmp_path, monkeypatch
     for i in (1, 3):
         runs = int((masks[i][1:] != masks[i][:-1]).sum())
         assert runs >= 2, masks[i]
+
+
+# Over-sampling (verl 0.9.1's replay buffer): the second test.
+LONG = 4 * RESPONSE_LENGTH  # tokens of a slow row (the tiny model has 1024 positions)
+GROUPS = {  # group -> (loop, prompt), in the batch's order
+    "A": ("entropy_single_turn_agent", "A: say something short"),
+    "C": ("fixed_length_agent", f"C: tokens={LONG}"),
+    "B": ("entropy_single_turn_agent", "B: say something short"),
+    "D": ("fixed_length_agent", f"D: tokens={LONG}"),
+}
+N = 2  # rollout.n
+
+
+def _buffer_class():
+    from treetune_verl.trainer.v0_9_1.over_sample_sampler import OverSampleReplayBuffer
+
+    class RecordingBuffer(OverSampleReplayBuffer):
+        """Ours, remembering the tags of the rows it removes (their lengths at the abort)."""
+
+        removed: dict[str, dict] = {}
+
+        def _clear_groups(self, partition_id, uids):
+            rows = self.partitions[partition_id]
+            self.removed.update({key: dict(tag) for key, tag in rows.items() if key.split("_")[0] in uids})
+            super()._clear_groups(partition_id, uids)
+
+    return RecordingBuffer
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU variant (declared GPU, CPU engine settings)")
+def test_v1_over_sampling_trains_the_first_whole_groups_and_aborts_the_rest(tiny_model_dir, tmp_path, monkeypatch):
+    """4 prompts x ``rollout.n = 2`` = 4 groups of 2 rows, heavy-tailed and deterministic on a random model: groups A
+    and B run the entropy single-turn loop on the short-turn model (a turn ends after a few tokens), groups C and D
+    the fixed-length loop, which ignores end-of-sequence and runs to ``response_length`` = :data:`LONG` tokens
+    (``fixed_length_loop.py``). With ``over_sample_rate=0.5`` the target is ``ceil(0.5 * 4) = 2`` whole groups. The
+    prompts go A, C, B, D, so each of verl's two workers (it chunks the batch in order) runs a fast and a slow
+    group: a worker that starts late delays both. A fast group completes after its few tokens plus verl's per-row
+    overhead (scoring, TransferQueue), measured at about 70 decode steps of the slow rows here, hence the long
+    ``LONG``.
+
+    Checked, on two consecutive steps (the trainer's order: prompts registered ``pending`` in TransferQueue, the
+    manager dispatches them, the buffer samples): the batch is exactly the 4 rows of A and B; C and D were cut by
+    the abort (each of their rows had fewer than ``response_length`` tokens when removed: without the group-named
+    request ids the abort would reach nothing and they would run to the end) and are gone from TransferQueue with
+    their prompts; the servers remember no aborted session afterwards; the kept rows' entropy equals an independent
+    teacher-forced HF recomputation within 1e-4 nats; the metrics count 2 groups / 4 rows aborted; nothing of the
+    run is left after ``ray.shutdown()``.
+    """
+    import transfer_queue as tq
+    from transfer_queue import KVBatchMeta
+    from transformers import AutoModelForCausalLM
+    from verl.utils.import_utils import load_extern_type
+    from verl.workers.rollout.llm_server import LLMServerManager
+
+    import treetune_verl.trainer.actor_setup  # noqa: F401  (external_lib: what verl imports in the trainer's process)
+    from treetune_verl.agent_loop import EntropyAgentLoopManager
+    from treetune_verl.trainer.v0_9_1.over_sample_sampler import OverSampleReplayBuffer
+    from treetune_verl.trainer.v0_9_1.trainer_seams import read_rollout_entropy
+
+    # the keys the block sets are the ones verl loads the buffer by (trainer_base.py _build_replay_buffer)
+    assert load_extern_type(SAMPLER_PATH, SAMPLER_NAME) is OverSampleReplayBuffer
+    model_path = model_with_short_turns(tiny_model_dir, tmp_path / "tiny-short-turns")
+    overrides = [
+        f"actor_rollout_ref.rollout.n={N}",
+        "actor_rollout_ref.rollout.over_sample_rate=0.5",
+        f"{SAMPLER_KEY}.path={SAMPLER_PATH}",
+        f"{SAMPLER_KEY}.name={SAMPLER_NAME}",
+    ]
+    config = _config(model_path, tmp_path / "cfg", loops=[FIXED_LENGTH_LOOP], overrides=overrides, response_length=LONG)
+    monkeypatch.setenv("TRANSFER_QUEUE_ENABLE", "1")
+    names, contents = zip(*GROUPS.values(), strict=True)
+    kept_rows = []
+    with ray_session(monkeypatch) as session:
+        tq.init(config.transfer_queue)
+        try:
+            servers = LLMServerManager.create(config=config)
+            [replica] = servers.get_replicas()
+            manager = EntropyAgentLoopManager.create(
+                config=config, llm_client=servers.get_client(), teacher_client=None, reward_loop_worker_handles=None
+            )
+            assert all("OverSamplingAgentLoopWorkerTQ" in repr(w) for w in manager.agent_loop_workers)
+            session.track(*replica.workers, *replica.servers, *manager.agent_loop_workers)
+            buffer = _buffer_class()(
+                trainer_mode="sync",
+                trainer_config={},
+                max_off_policy_threshold=None,
+                max_off_policy_strategy="drop",
+                sampler_kwargs={},
+            )
+            for step in (1, 2):
+                prompts = _prompts(list(names), list(contents), global_steps=step)
+                uids = dict(zip(GROUPS, prompts["uid"], strict=True))
+                tags = [{"is_prompt": True, "status": "pending", "global_steps": step} for _ in uids]
+                tq.kv_batch_put(keys=list(uids.values()), partition_id="train", tags=tags)
+                manager.generate_sequences(prompts)  # dispatches, as the V1 trainer does
+                buffer.removed.clear()
+                batch, metrics = buffer.sample(global_steps=step, partition_id="train", batch_size=len(uids))
+
+                expected = sorted(f"{uids[g]}_{s}_0" for g in "AB" for s in range(N))
+                assert sorted(batch.keys) == expected, f"step {step}: {batch.keys}"
+                aborted = {
+                    key: tag for key, tag in buffer.removed.items() if key.split("_")[0] in (uids["C"], uids["D"])
+                }
+                assert len(aborted) == len(buffer.removed) == 2 * N, f"step {step}: removed {sorted(buffer.removed)}"
+                lengths = sorted(tag["response_len"] for tag in aborted.values())
+                assert max(lengths) < LONG, f"step {step}: C / D not cut by the abort: {lengths}"
+                assert metrics["rollout/aborted_groups"] == 2 and metrics["rollout/aborted_rows"] == 2 * N
+                assert metrics["rollout/aborted_ratio"] == 0.5
+                listed = tq.kv_list(partition_id="train").get("train", {})
+                assert sorted(listed) == expected, f"step {step}: TransferQueue still holds {sorted(listed)}"
+                assert ray.get([s.aborted_session_count.remote() for s in servers.server_handles]) == [0]
+                print(
+                    f"step {step}: kept A, B; C / D rows cut at {lengths} tokens (of {LONG}); "
+                    f"abort to settled {metrics['rollout/abort_wait_s']:.2f} s"
+                )
+                if step == 1:
+                    meta = KVBatchMeta(keys=expected, tags=[listed[key] for key in expected], partition_id="train")
+                    built, masks = read_rollout_entropy(meta)
+                    data = tq.kv_batch_get(keys=expected, partition_id="train", select_fields=["prompts", "responses"])
+                    kept_rows = [
+                        (p.tolist(), r.tolist(), row[ROLLOUT_ENTROPY_KEY].double(), mask.bool())
+                        for p, r, row, mask in zip(
+                            data["prompts"].unbind(0), data["responses"].unbind(0), built, masks, strict=True
+                        )
+                    ]
+                tq.kv_clear(partition_id="train", keys=expected)  # the trainer's end of step
+        finally:
+            tq.close()
+    assert not session.left, f"processes of the run left after ray.shutdown(): {session.left}"
+
+    hf = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32).eval()
+    for i, (prompt_ids, response_ids, got, mask) in enumerate(kept_rows):
+        assert mask.any(), f"kept row {i}: no model-generated token"
+        reference, _ = teacher_forced(hf, prompt_ids, response_ids)
+        error, *_ = check_entropy_row(f"kept row {i}", got, reference, mask, ATOL)
+        print(f"kept row {i}: {len(response_ids)} tokens, |entropy - HF| {error:.2e}")

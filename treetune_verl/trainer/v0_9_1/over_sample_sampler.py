@@ -1,0 +1,119 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""verl 0.9.1: over-sampling with abort as a V1 replay buffer: train the first whole groups, abort the rest.
+
+verl 0.9.1's V1 trainer takes each step's batch from a replay buffer over TransferQueue: the agent-loop workers put
+every row there as it finishes and mark its prompt (one ``uid``, ``rollout.n`` rows) ``finished`` once all its rows
+have; the sync buffer (``trainer/ppo/v1/replay_buffer.py`` ``ReplayBuffer.sample``) waits for ``train_batch_size``
+finished groups. verl names the place to change that, ``trainer.v1.sampler.custom_sampler.{path,name}`` (a
+``ReplayBuffer`` subclass, built in ``PPOTrainer.__init__``). :class:`OverSampleReplayBuffer` is ours: at a training
+step with ``rollout.over_sample_rate = r > 0`` it
+
+1. waits, through verl's own ``sample``, for ``target = ceil((1 - r) * groups)`` finished groups
+   (:func:`~treetune_verl.trainer.features.completion_target`) and takes them: whole groups, by construction;
+2. aborts every other group of the step on the policy's servers, by the session its uid names
+   (:func:`~treetune_verl.rollout.session.group_session_id`; the workers send each training turn under it,
+   ``agent_loop/over_sample_worker_tq.py``): running turns stop, queued and later turns come back at once, empty;
+3. waits until each of those groups is terminal (nothing of it writes to TransferQueue any more), removes them and
+   their rows from TransferQueue, and has the servers forget the sessions.
+
+The aborted groups never reach the trainer: every estimator, the critic and the loss see verl's batch of whole groups,
+smaller than ``train_batch_size``, which verl pads to its mini-batch multiple with its own padding rows
+(``_balance_batch``; what that means per estimator and loss mode: ``ppo/advantage.py``). Validation batches and
+``r = 0`` are verl's ``sample`` unchanged. Metrics (the step's, through verl's ``sample`` result):
+``rollout/aborted_groups``, ``rollout/aborted_rows`` (rows that had started, finished rows of a dropped group
+included), ``rollout/aborted_ratio`` (of the step's rows), ``rollout/abort_wait_s`` (from the target to the last
+aborted group settled, also counted in ``timing_s/treetune/over_sampling``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import ray
+
+from treetune_verl.rollout.session import group_session_id
+from treetune_verl.timing import OVER_SAMPLING, SECONDS
+from treetune_verl.trainer.features import SAMPLER_NAME, completion_target, over_sample_rate
+from treetune_verl.trainer.v0_9_1.process_setup import policy_server_manager
+from treetune_verl.verl_guard import VERL_CURRENT
+
+VERL_CURRENT.require("V1 over-sampling replay buffer")  # verl 0.7.1 over-samples in its agent-loop manager
+
+from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer  # noqa: E402
+
+__all__ = ["OverSampleReplayBuffer", "POLL_S"]
+
+# verl polls TransferQueue every 2 s; the step's tail is what over-sampling cuts, so it looks more often (one
+# metadata listing per poll, no row data).
+POLL_S = 0.1
+METRIC_PREFIX = "rollout/"
+
+
+class OverSampleReplayBuffer(ReplayBuffer):
+    """verl's sync replay buffer that trains the first ``target`` whole groups of a step and aborts the others.
+
+    The rate is ``rollout.over_sample_rate`` of the config the policy's servers were built with (the trainer's).
+
+    Raises:
+        ValueError: a trainer mode other than ``sync`` (an async trainer's buffer keeps groups across steps).
+    """
+
+    def __init__(self, trainer_mode: str, *args: Any, poll_interval: float = POLL_S, **kwargs: Any) -> None:
+        if trainer_mode != "sync":
+            raise ValueError(
+                f"over-sampling's replay buffer ({SAMPLER_NAME}) runs in trainer.v1.trainer_mode=sync; got "
+                f"{trainer_mode!r}"
+            )
+        super().__init__(trainer_mode, *args, poll_interval=poll_interval, **kwargs)
+        self.rate: float | None = None  # read from the servers' config at the first training step
+
+    def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[Any, dict]:
+        """verl's ``sample`` of ``target`` groups, the step's other groups aborted and removed; see the module."""
+        if partition_id != "train" or self._rate() == 0:
+            return super().sample(global_steps, partition_id, batch_size)
+        target = completion_target(self._rate(), batch_size)
+        batch, metrics = super().sample(global_steps, partition_id, target)
+        started = len(batch)  # the kept groups' rows (sync mode: every group of the partition is this step's)
+        reached = time.perf_counter()
+        with SECONDS.timed(OVER_SAMPLING):  # our seconds of the step (timing.py): waiting for the target is verl's
+            groups, rows = self._abort_other_groups(partition_id)
+        metrics.update(
+            {
+                f"{METRIC_PREFIX}aborted_groups": len(groups),
+                f"{METRIC_PREFIX}aborted_rows": rows,
+                f"{METRIC_PREFIX}aborted_ratio": rows / (started + rows),
+                f"{METRIC_PREFIX}abort_wait_s": time.perf_counter() - reached,
+            }
+        )
+        return batch, metrics
+
+    def _rate(self) -> float:
+        if self.rate is None:
+            self.rate = over_sample_rate(policy_server_manager().config.actor_rollout_ref.rollout)
+        return self.rate
+
+    def _abort_other_groups(self, partition_id: str) -> tuple[set[str], int]:
+        """Abort every group still in ``partition_id``, wait until each is terminal, remove them; (groups, rows)."""
+        self._sync_metadata_from_transfer_queue()
+        groups = self._groups(partition_id)
+        if not groups:
+            return groups, 0
+        servers = policy_server_manager().server_handles
+        sessions = [group_session_id(uid) for uid in groups]
+        ray.get([server.abort_sessions.remote(sessions) for server in servers])
+        while self._open_groups(partition_id) & groups:
+            time.sleep(self.poll_interval)
+            self._sync_metadata_from_transfer_queue()
+        rows = sum(key.split("_")[0] in groups for key in self.partitions[partition_id])
+        self._clear_groups(partition_id, groups)
+        ray.get([server.forget_sessions.remote(sessions) for server in servers])
+        return groups, rows
+
+    def _groups(self, partition_id: str) -> set[str]:
+        terminal = self.finished_keys[partition_id] | self.failure_keys[partition_id]
+        return self._open_groups(partition_id) | terminal
+
+    def _open_groups(self, partition_id: str) -> set[str]:
+        return self.pending_keys[partition_id] | self.running_keys[partition_id]
