@@ -263,6 +263,7 @@ MANAGED_LOOP = "entropy_managed_agent"
 SAMPLER_KEY = "trainer.v1.sampler.custom_sampler"
 SAMPLER_PATH = "pkg://treetune_verl.trainer.v0_9_1.over_sample_sampler"
 SAMPLER_NAME = "OverSampleReplayBuffer"
+SYNC_PARTS_KEY = "trainer.v1.sync.parameter_sync_step"  # verl reads it per trainer mode (trainer_base.py:130)
 
 
 def check_current_stack(config: Any, verl_version: str) -> RunFeatures:
@@ -326,6 +327,11 @@ def check_current_over_sample_config(config: Any, verl_version: str) -> None:
         raise ValueError(
             f"{what} needs {TRAINER_MODE_KEY}=sync (an async trainer keeps groups across steps); got {mode!r}"
         )
+    # verl samples a step in parameter_sync_step parts from one dispatch; the buffer aborts whatever the first part
+    # leaves, so the next part would wait for groups that are gone
+    sync_parts = OmegaConf.select(config, SYNC_PARTS_KEY, default=1)
+    if sync_parts not in (None, 1):
+        raise ValueError(f"{what} samples each step in one part: not {SYNC_PARTS_KEY}={sync_parts}")
     # The batch of kept groups is smaller than train_batch_size, and verl pads it with rows of its own: only what is
     # exact with them is run (ppo/advantage.py, measured in ppo/test_padding_rows_v0_9_1_on_cpu.py). Refused even
     # where a config's sizes would need no padding: dp size, mini-batch and target are not all known here.

@@ -10,7 +10,9 @@ finished groups. verl names the place to change that, ``trainer.v1.sampler.custo
 step with ``rollout.over_sample_rate = r > 0`` it
 
 1. waits, through verl's own ``sample``, for ``target = ceil((1 - r) * groups)`` finished groups
-   (:func:`~treetune_verl.trainer.features.completion_target`) and takes them: whole groups, by construction;
+   (:func:`~treetune_verl.trainer.features.completion_target`) and takes them: whole groups, by construction. A
+   group one of whose rows raised (verl marks it ``failure`` and would train it without that row) is never taken;
+   if failures leave fewer than ``target`` groups that can still finish, the step stops with an error naming them;
 2. aborts every other group of the step on the policy's servers, by the session its uid names
    (:func:`~treetune_verl.rollout.session.group_session_id`; the workers send each training turn under it,
    ``agent_loop/over_sample_worker_tq.py``): running turns stop, queued and later turns come back at once, empty;
@@ -22,7 +24,8 @@ smaller than ``train_batch_size``, which verl pads to its mini-batch multiple wi
 (``_balance_batch``; what that means per estimator and loss mode: ``ppo/advantage.py``). Validation batches and
 ``r = 0`` are verl's ``sample`` unchanged. Metrics (the step's, through verl's ``sample`` result):
 ``rollout/aborted_groups``, ``rollout/aborted_rows`` (rows that had started, finished rows of a dropped group
-included), ``rollout/aborted_ratio`` (of the step's rows), ``rollout/abort_wait_s`` (from the target to the last
+included), ``rollout/aborted_ratio`` (of the step's rows), ``rollout/failed_groups`` (aborted ones with a row that
+raised), ``rollout/abort_wait_s`` (from the target to the last
 aborted group settled, also counted in ``timing_s/treetune/over_sampling``).
 """
 
@@ -68,20 +71,25 @@ class OverSampleReplayBuffer(ReplayBuffer):
             )
         super().__init__(trainer_mode, *args, poll_interval=poll_interval, **kwargs)
         self.rate: float | None = None  # read from the servers' config at the first training step
+        self._target: int | None = None  # groups to keep, during an over-sampled step's sample
 
     def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[Any, dict]:
         """verl's ``sample`` of ``target`` groups, the step's other groups aborted and removed; see the module."""
         if partition_id != "train" or self._rate() == 0:
             return super().sample(global_steps, partition_id, batch_size)
-        target = completion_target(self._rate(), batch_size)
-        batch, metrics = super().sample(global_steps, partition_id, target)
+        self._target = completion_target(self._rate(), batch_size)
+        try:
+            batch, metrics = super().sample(global_steps, partition_id, self._target)
+        finally:
+            self._target = None
         started = len(batch)  # the kept groups' rows (sync mode: every group of the partition is this step's)
         reached = time.perf_counter()
         with SECONDS.timed(OVER_SAMPLING):  # our seconds of the step (timing.py): waiting for the target is verl's
-            groups, rows = self._abort_other_groups(partition_id)
+            groups, failed, rows = self._abort_other_groups(partition_id)
         metrics.update(
             {
                 f"{METRIC_PREFIX}aborted_groups": len(groups),
+                f"{METRIC_PREFIX}failed_groups": len(failed),
                 f"{METRIC_PREFIX}aborted_rows": rows,
                 f"{METRIC_PREFIX}aborted_ratio": rows / (started + rows),
                 f"{METRIC_PREFIX}abort_wait_s": time.perf_counter() - reached,
@@ -94,22 +102,48 @@ class OverSampleReplayBuffer(ReplayBuffer):
             self.rate = over_sample_rate(policy_server_manager().config.actor_rollout_ref.rollout)
         return self.rate
 
-    def _abort_other_groups(self, partition_id: str) -> tuple[set[str], int]:
-        """Abort every group still in ``partition_id``, wait until each is terminal, remove them; (groups, rows)."""
+    def _sampleable_terminal_keys(self, partition_id: str, eviction_reasons: Any) -> set[str]:
+        """verl's sampleable groups, less the failed ones while over-sampling (a failed group is not whole).
+
+        Raises:
+            RuntimeError: failed groups leave fewer than the target groups that can still finish.
+        """
+        sampleable = super()._sampleable_terminal_keys(partition_id, eviction_reasons)
+        if self._target is None:
+            return sampleable
+        failed = self.failure_keys[partition_id]
+        sampleable = sampleable - failed
+        if len(sampleable) + len(self._open_groups(partition_id)) < self._target:
+            raise RuntimeError(
+                f"over-sampling: {len(failed)} group(s) of this step had a row whose agent loop raised (see the "
+                f"agent-loop workers' log), so fewer than the target {self._target} whole groups can finish"
+            )
+        return sampleable
+
+    def _abort_other_groups(self, partition_id: str) -> tuple[set[str], set[str], int]:
+        """Abort every group still in ``partition_id``, wait until each is terminal, remove them; (groups, the
+        failed ones among them, rows)."""
         self._sync_metadata_from_transfer_queue()
         groups = self._groups(partition_id)
         if not groups:
-            return groups, 0
-        servers = policy_server_manager().server_handles
+            return groups, set(), 0
         sessions = [group_session_id(uid) for uid in groups]
-        ray.get([server.abort_sessions.remote(sessions) for server in servers])
+        self._abort(sessions)
         while self._open_groups(partition_id) & groups:
             time.sleep(self.poll_interval)
             self._sync_metadata_from_transfer_queue()
+        failed = groups & self.failure_keys[partition_id]
         rows = sum(key.split("_")[0] in groups for key in self.partitions[partition_id])
         self._clear_groups(partition_id, groups)
-        ray.get([server.forget_sessions.remote(sessions) for server in servers])
-        return groups, rows
+        self._forget(sessions)
+        return groups, failed, rows
+
+    def _abort(self, sessions: list[str]) -> None:
+        """Abort these sessions on every server of the policy (a group's turns may have gone to any of them)."""
+        ray.get([server.abort_sessions.remote(sessions) for server in policy_server_manager().server_handles])
+
+    def _forget(self, sessions: list[str]) -> None:
+        ray.get([server.forget_sessions.remote(sessions) for server in policy_server_manager().server_handles])
 
     def _groups(self, partition_id: str) -> set[str]:
         terminal = self.finished_keys[partition_id] | self.failure_keys[partition_id]

@@ -1,0 +1,109 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""Over-sampling's replay buffer on verl 0.9.1, decisions only: which groups a step keeps when some of them failed.
+
+verl's own ``ReplayBuffer.sample`` runs unchanged; TransferQueue is an in-memory stand-in for the two calls the
+buffer makes (``kv_list``, ``kv_clear``: the real one needs a Ray cluster; the real path, with a real Engine and
+real TransferQueue, is ``test_v1_rollout_standalone_on_cpu.py``'s over-sampling test), and the servers are the
+buffer's own ``_abort`` / ``_forget`` seam, here finishing the aborted groups as a server's abort does.
+
+verl marks a group ``failure`` when one of its rows raised and would train it without that row: over-sampling keeps
+whole groups only, so a failed group is never taken (even when it ended first), it is aborted and removed with the
+others, and a step whose failures leave fewer groups than the target can finish stops with an error.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.metadata.version("verl") != "0.9.1", reason="verl 0.9.1 (the current stack)")
+
+N = 2  # rows per group
+
+
+class _TransferQueueTags:
+    """The tags TransferQueue's metadata holds for one partition: prompts (``is_prompt``, status) and rows."""
+
+    def __init__(self, statuses: dict[str, str], partition: str) -> None:
+        self.partition = partition
+        self.tags: dict[str, dict] = {}
+        for uid, status in statuses.items():
+            self.set(uid, status)
+
+    def set(self, uid: str, status: str) -> None:
+        # "a" is dispatched first: verl's sample takes the oldest terminal groups first, so it would take "a"
+        self.tags[uid] = {"is_prompt": True, "status": status, "global_steps": 0 if uid == "a" else 1}
+        if status in ("finished", "failure"):  # a failed group has the rows that did not raise
+            rows = range(N) if status == "finished" else range(N - 1)
+            self.tags.update({f"{uid}_{s}_0": {"status": "success", "response_len": 4} for s in rows})
+
+    def kv_list(self, partition_id: str | None = None) -> dict:
+        return {self.partition: dict(self.tags)}
+
+    def kv_clear(self, partition_id: str, keys: list[str]) -> None:
+        for key in keys:
+            self.tags.pop(key, None)
+
+
+def _buffer(monkeypatch, statuses: dict[str, str], partition: str = "train"):
+    from verl.trainer.ppo.v1 import replay_buffer
+
+    from treetune_verl.trainer.v0_9_1.over_sample_sampler import OverSampleReplayBuffer
+
+    store = _TransferQueueTags(statuses, partition)
+    monkeypatch.setattr(replay_buffer, "tq", store)
+
+    class Buffer(OverSampleReplayBuffer):
+        aborted: list[str] = []
+        forgotten: list[str] = []
+
+        def _rate(self) -> float:
+            return 0.5
+
+        def _abort(self, sessions):  # what the server's abort does: the groups' rows come back, their prompts end
+            self.aborted.extend(sessions)
+            for uid, tag in list(store.tags.items()):
+                if tag.get("is_prompt") and tag["status"] in ("pending", "running"):
+                    store.set(uid, "finished")
+
+        def _forget(self, sessions):
+            self.forgotten.extend(sessions)
+
+    buffer = Buffer(
+        trainer_mode="sync",
+        trainer_config={},
+        max_off_policy_threshold=None,
+        max_off_policy_strategy="drop",
+        sampler_kwargs={},
+        poll_interval=0.01,
+    )
+    return buffer, store
+
+
+def test_a_failed_group_is_never_kept_and_is_removed_with_the_aborted_ones(monkeypatch):
+    from treetune_verl.rollout.session import group_session_id
+
+    statuses = {"a": "failure", "b": "finished", "c": "finished", "d": "running"}  # a failed first
+    buffer, store = _buffer(monkeypatch, statuses)
+    batch, metrics = buffer.sample(global_steps=1, partition_id="train", batch_size=4)  # target 2
+    assert sorted(batch.keys) == [f"{g}_{s}_0" for g in "bc" for s in range(N)]
+    assert sorted(buffer.aborted) == sorted(buffer.forgotten) == sorted(group_session_id(g) for g in "ad")
+    assert sorted(store.tags) == sorted(batch.keys)  # a, d and their rows gone; b, c's prompts taken by verl
+    assert metrics["rollout/aborted_groups"] == 2 and metrics["rollout/failed_groups"] == 1
+    assert metrics["rollout/aborted_rows"] == (N - 1) + N and metrics["rollout/aborted_ratio"] == 3 / 7
+
+
+def test_failures_that_leave_too_few_groups_stop_the_step_by_name(monkeypatch):
+    buffer, _ = _buffer(monkeypatch, {"a": "failure", "b": "failure", "c": "failure", "d": "running"})
+    with pytest.raises(RuntimeError, match="3 group.* had a row whose agent loop raised .* target 2 whole groups"):
+        buffer.sample(global_steps=1, partition_id="train", batch_size=4)
+
+
+def test_validation_and_rate_zero_are_verls_sample(monkeypatch):
+    """A validation batch keeps every group, failed ones included (verl's behaviour), and aborts nothing."""
+    buffer, _ = _buffer(monkeypatch, {"a": "failure", "b": "finished"}, partition="val")
+    batch, metrics = buffer.sample(global_steps=1, partition_id="val", batch_size=2)
+    assert buffer.aborted == [] and "rollout/aborted_groups" not in metrics
+    assert len(batch.keys) == 2 * N - 1
