@@ -332,6 +332,11 @@ def check_current_over_sample_config(config: Any, verl_version: str) -> None:
     sync_parts = OmegaConf.select(config, SYNC_PARTS_KEY, default=1)
     if sync_parts not in (None, 1):
         raise ValueError(f"{what} samples each step in one part: not {SYNC_PARTS_KEY}={sync_parts}")
+    # verl hands a custom replay buffer neither DAPO's group filter nor the refill of failed groups
+    # (trainer_base.py _build_replay_buffer): with ours they would be off without a word
+    for key in ("algorithm.filter_groups.enable", "trainer.v1.sampler.sync_refill_failed_groups"):
+        if OmegaConf.select(config, key, default=False):
+            raise ValueError(f"{what} does not run {key}=true: verl does not pass it to a custom replay buffer")
     # The batch of kept groups is smaller than train_batch_size, and verl pads it with rows of its own: only what is
     # exact with them is run (ppo/advantage.py, measured in ppo/test_padding_rows_v0_9_1_on_cpu.py). Refused even
     # where a config's sizes would need no padding: dp size, mini-batch and target are not all known here.

@@ -93,6 +93,8 @@ def test_over_sampling_starts_on_verl_0_9_1_with_its_replay_buffer(process_setup
         ("trainer.v1.sampler.custom_sampler.name=null", "runs in its replay buffer: set trainer.v1.sampler"),
         ("trainer.v1.trainer_mode=colocate_async", "needs trainer.v1.trainer_mode=sync"),
         ("+trainer.v1.sync.parameter_sync_step=2", "samples each step in one part: not trainer.v1.sync.param"),
+        ("algorithm.filter_groups.enable=true", "does not run algorithm.filter_groups.enable=true: verl does not"),
+        ("trainer.v1.sampler.sync_refill_failed_groups=true", "does not run trainer.v1.sampler.sync_refill_failed"),
         ("algorithm.adv_estimator=gpg", "adv_estimator=gpg: its batch-wide scale .* Use one of: .*grpo,"),
         ("algorithm.adv_estimator=opo", "adv_estimator=opo: the padding group's length-weighted baseline"),
         ("actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean", "loss_agg_mode=seq-mean-token-mean: divides"),
