@@ -5,8 +5,9 @@
 verl 0.7.1 documents ``actor_rollout_ref.rollout.over_sample_rate`` ("abort remaining requests when
 ``(1 - over_sample_rate) * total`` completions are reached", ``rollout.yaml:116-118``) but nothing reads it. Here the
 target counts *groups* (a prompt's ``rollout.n`` responses, one ``uid``): a step keeps the first
-:func:`~treetune_verl.trainer.features.completion_target` groups whose every response has finished, and aborts the rest, so every trained group is
-whole and a group estimator's statistics are verl's own. At ``rollout.n = 1`` a group is one row.
+:func:`~treetune_verl.trainer.features.completion_target` groups whose every response has finished, and aborts the
+rest, so every trained group is whole and a group estimator's statistics are verl's own. At ``rollout.n = 1`` a group
+is one row.
 
 - the manager checks the settings at start-up (``treetune_verl/trainer/features.py``), counts the batch's groups
   (:func:`group_sizes`), and starts a step with the target on one :class:`CompletionCounter` actor shared by all

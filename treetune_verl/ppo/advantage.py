@@ -45,6 +45,7 @@ __all__ = [
     "LOSS_AGG_MODES_WITH_PADDING_ROWS",
     "RLOO_VALID",
     "completed_rows",
+    "exact_entries",
     "compute_grpo_valid_advantage",
     "compute_rloo_valid_advantage",
     "supported_with_aborted_groups",
@@ -81,9 +82,14 @@ ESTIMATORS_WITH_ABORTED_GROUPS: dict[str, str | None] = {
 }
 
 
+def exact_entries(table: dict[str, str | None]) -> list[str]:
+    """The names a table above marks exact (reason ``None``), sorted."""
+    return sorted(name for name, reason in table.items() if reason is None)
+
+
 def supported_with_aborted_groups() -> list[str]:
     """The estimators that train right with over-sampling's aborted groups, sorted."""
-    return sorted(name for name, reason in ESTIMATORS_WITH_ABORTED_GROUPS.items() if reason is None)
+    return exact_entries(ESTIMATORS_WITH_ABORTED_GROUPS)
 
 
 _V1_NO_SUM_PI_SQUARED = "verl 0.9.1's V1 _compute_advantage fetches no sum_pi_squared: AssertionError, padded or not"
@@ -137,7 +143,7 @@ LOSS_AGG_MODES_WITH_PADDING_ROWS: dict[str, str | None] = {
 
 def supported_with_padding_rows() -> list[str]:
     """The estimators that train right in verl 0.9.1's V1 trainer with its padding rows in the batch, sorted."""
-    return sorted(name for name, reason in ESTIMATORS_WITH_PADDING_ROWS.items() if reason is None)
+    return exact_entries(ESTIMATORS_WITH_PADDING_ROWS)
 
 
 def completed_rows(response_mask: torch.Tensor) -> torch.Tensor:

@@ -36,8 +36,7 @@ from treetune_verl.ppo.advantage import (
     ESTIMATORS_WITH_ABORTED_GROUPS,
     ESTIMATORS_WITH_PADDING_ROWS,
     LOSS_AGG_MODES_WITH_PADDING_ROWS,
-    supported_with_aborted_groups,
-    supported_with_padding_rows,
+    exact_entries,
 )
 from treetune_verl.ppo.entropy_advantage import EntropySteering, entropy_steering
 
@@ -55,6 +54,7 @@ ACTOR_SETUP_MODULE = "treetune_verl.trainer.actor_setup"
 # Deprecated aliases of ACTOR_SETUP_MODULE (one release): they install the same.
 ACTOR_SETUP_ALIASES = ("treetune_verl.ppo.actor_setup", "treetune_verl.forecast.actor_setup")
 WORKER_IMPL_KEY = "trainer.use_legacy_worker_impl"
+ESTIMATOR_KEY = "algorithm.adv_estimator"
 STEERING_KEY = f"{ROLLOUT}.custom.entropy.pg_token_quantile / advantage_shaping.alpha"
 
 
@@ -212,16 +212,8 @@ def check_over_sample_config(config: Any) -> None:
     """
     rate = over_sample_rate(OmegaConf.select(config, ROLLOUT, default=None) or {})
     what = f"{RATE_KEY} > 0" if rate > 0 else f"{FAILED_ROWS_KEY}=true"  # the key that makes rows abort
-    estimator = _estimator(config)
-    supported = ", ".join(supported_with_aborted_groups())
-    if estimator not in ESTIMATORS_WITH_ABORTED_GROUPS:
-        raise ValueError(
-            f"{what} with algorithm.adv_estimator={estimator}: not checked with aborted rows (score 0, empty "
-            f"response). Use one of: {supported}."
-        )
-    reason = ESTIMATORS_WITH_ABORTED_GROUPS[estimator]
-    if reason is not None:
-        raise ValueError(f"{what} with algorithm.adv_estimator={estimator}: {reason}. Use one of: {supported}.")
+    unknown = "not checked with aborted rows (score 0, empty response)"
+    _require_exact(what, ESTIMATOR_KEY, _estimator(config), ESTIMATORS_WITH_ABORTED_GROUPS, unknown)
     if _critic_on(config):
         raise ValueError(f"{what} with critic.enable=True: the critic's value loss would fit the aborted rows")
     if not has_actor_setup(config):
@@ -340,22 +332,24 @@ def check_current_over_sample_config(config: Any, verl_version: str) -> None:
     # The batch of kept groups is smaller than train_batch_size, and verl pads it with rows of its own: only what is
     # exact with them is run (ppo/advantage.py, measured in ppo/test_padding_rows_v0_9_1_on_cpu.py). Refused even
     # where a config's sizes would need no padding: dp size, mini-batch and target are not all known here.
-    estimator = _estimator(config)
-    reason = ESTIMATORS_WITH_PADDING_ROWS.get(estimator, "not checked with verl's padding rows")
-    if reason is not None:
-        supported = ", ".join(supported_with_padding_rows())
-        raise ValueError(f"{what} with algorithm.adv_estimator={estimator}: {reason}. Use one of: {supported}.")
-    loss_modes = {"actor_rollout_ref.actor.loss_agg_mode": True, "critic.loss_agg_mode": _critic_on(config)}
-    for key, used in loss_modes.items():
+    unknown = "not checked with verl's padding rows"
+    _require_exact(what, ESTIMATOR_KEY, _estimator(config), ESTIMATORS_WITH_PADDING_ROWS, unknown)
+    loss_keys = ["actor_rollout_ref.actor.loss_agg_mode"] + (["critic.loss_agg_mode"] if _critic_on(config) else [])
+    for key in loss_keys:
         loss_mode = OmegaConf.select(config, key, default="token-mean")
-        reason = LOSS_AGG_MODES_WITH_PADDING_ROWS.get(loss_mode, "not checked with verl's padding rows")
-        if used and reason is not None:
-            supported = ", ".join(mode for mode, why in LOSS_AGG_MODES_WITH_PADDING_ROWS.items() if why is None)
-            raise ValueError(f"{what} with {key}={loss_mode}: {reason}. Use one of: {supported}.")
+        _require_exact(what, key, loss_mode, LOSS_AGG_MODES_WITH_PADDING_ROWS, unknown)
+
+
+def _require_exact(what: str, key: str, value: str, table: dict[str, str | None], unknown: str) -> None:
+    """Refuse ``key=value`` unless ``table`` marks it exact: with the table's reason, or ``unknown`` when it is not
+    in the table, and the exact entries."""
+    reason = table.get(value, unknown)
+    if reason is not None:
+        raise ValueError(f"{what} with {key}={value}: {reason}. Use one of: {', '.join(exact_entries(table))}.")
 
 
 def _estimator(config: Any) -> str:
-    estimator = OmegaConf.select(config, "algorithm.adv_estimator", default="") or ""
+    estimator = OmegaConf.select(config, ESTIMATOR_KEY, default="") or ""
     return str(getattr(estimator, "value", estimator))
 
 
