@@ -34,7 +34,10 @@ Variant checks (``E2E_VARIANT=full|resume`` of ``test_entropy_e2e.sh``):
 - ``--carry-over`` (over-sampling with carry-over, ``E2E_CARRY_OVER=1``): at every step the carry-over metrics
   (``rollout/carry_over/...``: groups resumed and carried, tokens generated / trained / discarded, backlog) and verl's
   rollout-correction metrics (``rollout_corr/...``) are logged, every step after the first resumes the groups the
-  previous one carried, and carried rows are trained in at least one step.
+  previous one carried, and carried rows are trained in at least one step. On verl 0.9.1 (groups carried while
+  running, ``groups_resumed``, ``groups_carried``, ``tokens_trained``): the groups carried or dropped are the share
+  ``--aborted-ratio`` of each step's groups, a step resumes at most what the previous one carried, and tokens of
+  earlier weights are trained in at least one step.
 - ``--pg-token-quantile Q`` (forking tokens, ``E2E_PG_TOKEN_QUANTILE``): at every step ``pg_token_mask/kept_share``
   is in ``[Q, Q + 0.05]`` (ties at the threshold are kept), the threshold is logged, and the kept tokens' mean rollout
   entropy is above the dropped ones'.
@@ -66,6 +69,7 @@ VAL_CORE_PREFIX = "val-core/"
 VAL_ENTROPY_MEAN = "val-aux/rollout_entropy/mean"
 ABORTED_RATIO, VERL_ABORTED_RATIO = "rollout/aborted_ratio", "response/aborted_ratio"
 ABORTED_GROUPS, ABORT_WAIT = "rollout/aborted_groups", "rollout/abort_wait_s"  # verl 0.9.1's replay buffer
+KEPT_GROUPS = "rollout/kept_groups"
 COMPLETED_SCORE, ZERO_SCORE, VERL_SCORE = (
     "rollout/score/completed_mean",
     "rollout/score/aborted_as_zero_mean",
@@ -235,7 +239,13 @@ def _check_timing(errors: list[str], metrics: dict, over_sampling: bool, steerin
 
 def _check_over_sampling(errors: list[str], metrics: dict, aborted_ratio: float) -> None:
     if ABORTED_GROUPS in metrics:  # verl 0.9.1's replay buffer: the aborted groups never reach verl's batch
-        _need(errors, metrics, ABORTED_RATIO, lambda v: abs(v - aborted_ratio) < 1e-9, f"{aborted_ratio}")
+        if CARRY_OVER + "groups_carried" in metrics:  # carry-over: the groups not kept are carried or dropped
+            left = metrics[CARRY_OVER + "groups_carried"] + metrics[ABORTED_GROUPS]
+            share = left / (left + metrics.get(KEPT_GROUPS, 0))
+            if abs(share - aborted_ratio) > 1e-9:
+                errors.append(f"step {metrics['step']}: {share} of the groups carried or dropped, not {aborted_ratio}")
+        else:
+            _need(errors, metrics, ABORTED_RATIO, lambda v: abs(v - aborted_ratio) < 1e-9, f"{aborted_ratio}")
         _need(errors, metrics, VERL_ABORTED_RATIO, lambda v: v == 0, "0 (no aborted row in the trained batch)")
         _need(errors, metrics, ABORT_WAIT, lambda v: v >= 0, ">= 0")
         return
@@ -265,19 +275,30 @@ CARRY_OVER_KEYS = tuple(
 )
 
 
+V1_CARRY_OVER_KEYS = tuple(CARRY_OVER + key for key in ("groups_resumed", "groups_carried", "tokens_trained"))
+
+
 def _check_carry_over(errors: list[str], trained: list[dict]) -> None:
+    # verl 0.9.1's replay buffer keeps a carried group once it finishes: a step resumes at most what the previous one
+    # left running; verl 0.7.1's manager resumes every carried group at the next step
+    v1 = bool(trained) and ABORTED_GROUPS in trained[0]
+    keys = V1_CARRY_OVER_KEYS if v1 else CARRY_OVER_KEYS
     previous = None
     for metrics in trained:
-        for key in CARRY_OVER_KEYS:
+        for key in keys:
             _need(errors, metrics, key, lambda v: v >= 0, ">= 0 (carry-over on)")
         if not any(key.startswith("rollout_corr/") for key in metrics):
             errors.append(f"step {metrics['step']}: no rollout_corr/ metric (algorithm.rollout_correction off?)")
         if previous is not None:
-            carried = previous.get(CARRY_OVER + "groups_carried")
-            _need(errors, metrics, CARRY_OVER + "groups_resumed", lambda v, c=carried: v == c, f"{carried} (carried)")
+            c = previous.get(CARRY_OVER + "groups_carried")
+            ok = (lambda v, c=c: v <= c) if v1 else (lambda v, c=c: v == c)
+            _need(errors, metrics, CARRY_OVER + "groups_resumed", ok, f"<= {c}" if v1 else f"{c} (carried)")
         previous = metrics
-    if trained and not sum(m.get(CARRY_OVER + "rows_trained", 0) for m in trained):
-        errors.append("no carried row was trained in any step")
+    trained_key, what = (
+        ("tokens_trained", "no token of an earlier step's weights") if v1 else ("rows_trained", "no carried row")
+    )
+    if trained and not sum(m.get(CARRY_OVER + trained_key, 0) for m in trained):
+        errors.append(f"{what} was trained in any step")
 
 
 def _check_forking_tokens(errors: list[str], metrics: dict, quantile: float) -> None:

@@ -250,3 +250,33 @@ def test_over_sampling_checks_on_verl_0_9_1s_replay_buffer():
     assert any("response/aborted_ratio" in e for e in check([leaked], min_steps=1, aborted_ratio=0.25))
     wrong = _train(1, **over, **(logged | {"rollout/aborted_ratio": 0.5}), **{"response/aborted_ratio": 0.0})
     assert any("rollout/aborted_ratio" in e for e in check([wrong], min_steps=1, aborted_ratio=0.25))
+
+
+def _v1_carried(step: int, resumed: int, carried: int, dropped: int, tokens_trained: int) -> dict:
+    logged = {
+        TREETUNE_TIMING + "over_sampling": 0.05,
+        "rollout/kept_groups": 3,
+        "rollout/aborted_groups": dropped,
+        "rollout/aborted_ratio": 0.0,
+        "rollout/abort_wait_s": 0.1,
+        "response/aborted_ratio": 0.0,
+        CARRY_OVER + "groups_resumed": resumed,
+        CARRY_OVER + "groups_carried": carried,
+        CARRY_OVER + "tokens_trained": tokens_trained,
+        "rollout_corr/rollout_is_mean": 1.0,
+    }
+    return _train(step, **logged)
+
+
+def test_carry_over_checks_on_verl_0_9_1s_replay_buffer():
+    """Groups carried while running: 1 of 4 carried or dropped each step; a step resumes at most what the previous
+    one carried; some tokens of earlier weights are trained."""
+    steps = [_v1_carried(1, 0, 1, 0, 0), _v1_carried(2, 1, 0, 1, 128), _v1_carried(3, 0, 1, 0, 0)]
+    options = {"min_steps": 3, "carry_over": True, "aborted_ratio": 0.25}
+    assert check(steps, **options) == []
+    resumed_more = [steps[0], _v1_carried(2, 2, 1, 0, 128), steps[2]]  # 2 resumed, 1 carried before
+    assert any("groups_resumed" in e for e in check(resumed_more, **options))
+    never = [_v1_carried(step, 0, 1, 0, 0) for step in (1, 2, 3)]
+    assert "no token of an earlier step's weights was trained in any step" in check(never, **options)
+    wrong_share = [steps[0], _v1_carried(2, 1, 1, 1, 128), steps[2]]  # 2 of 5 groups left
+    assert any("0.4 of the groups carried or dropped, not 0.25" in e for e in check(wrong_share, **options))

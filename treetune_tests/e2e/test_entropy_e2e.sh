@@ -109,8 +109,8 @@ fi
 # The stack is the installed verl's: 0.7.1 (pinned, with sglang 0.5.6.post2) or 0.9.1 (current, with sglang 0.5.12;
 # `make e2e STACK=current`). On the current stack the block also names the actor entry point (external_lib): verl 0.9.1
 # builds the servers before it loads the block's manager, and that module selects the entropy server
-# (treetune_verl/trainer/v0_9_1/process_setup.py). Over-sampling adds its replay buffer there; carry-over, failed rows
-# aborted, the forecast and managed agents are refused there so far.
+# (treetune_verl/trainer/v0_9_1/process_setup.py). Over-sampling adds its replay buffer there (and carry-over fetches
+# the fresh prompts one at a time); failed rows aborted, the forecast and managed agents are refused there so far.
 VERL_VERSION=$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("verl"))')
 case "$VERL_VERSION" in
     0.7.1) STACK=pinned ;;
@@ -280,6 +280,8 @@ if [[ "$CARRY_OVER" == 1 ]]; then
         +actor_rollout_ref.rollout.custom.over_sample.carry_over=true
         algorithm.rollout_correction.rollout_is=token
     )
+    # verl 0.9.1: the carried groups take slots of the next step, the others are fresh prompts, fetched one at a time
+    [[ "$STACK" == current ]] && ARGS+=(data.gen_batch_size=1)
 fi
 # Live entropy forecast (E2E_FORECAST=<k>): the +treetune_forecast=entropy_forecast block with every=k (its
 # external_lib, the one actor entry point, also installs the loss fix over-sampling needs); check_metrics --forecast-every k checks its

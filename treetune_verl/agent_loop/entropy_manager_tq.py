@@ -7,7 +7,8 @@ verl 0.9.1's V1 trainer builds the servers before it loads this class, so the se
 rows' ``extra_fields`` (the V1 seams build ``rollout_entropy`` there). This manager refuses a run where that did
 not happen, before any rollout: without it the stock server would serve rows without entropy. With over-sampling
 (``rollout.over_sample_rate > 0``) its workers run each training row under its group's session
-(``over_sample_worker_tq.py``), which the trainer's replay buffer aborts by uid.
+(``over_sample_worker_tq.py``), which the trainer's replay buffer aborts by uid; with carry-over their client
+resumes a turn cut by the pause around a weight update (``resuming_client.py``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,13 @@ from typing import Any
 
 import ray
 
-from treetune_verl.trainer.features import ACTOR_SETUP_MODULE, EXTERNAL_LIB_KEY, MANAGER_KEY, over_sample_rate
+from treetune_verl.trainer.features import (
+    ACTOR_SETUP_MODULE,
+    EXTERNAL_LIB_KEY,
+    MANAGER_KEY,
+    RunFeatures,
+    over_sample_rate,
+)
 from treetune_verl.trainer.v0_9_1.process_setup import server_selected
 from treetune_verl.verl_guard import VERL_CURRENT
 
@@ -42,7 +49,12 @@ class EntropyAgentLoopManager(AgentLoopManagerTQ):
         if over_sampling:
             from treetune_verl.agent_loop.over_sample_worker_tq import OverSamplingAgentLoopWorkerTQ, session_client
 
-            llm_client = session_client(llm_client)
+            if RunFeatures.from_config(config, rollout_entropy=True).carry_over:
+                from treetune_verl.agent_loop.resuming_client import resuming_client
+
+                llm_client = resuming_client(llm_client)
+            else:
+                llm_client = session_client(llm_client)
         super().__init__(config, llm_client, *args, **kwargs)
         if over_sampling:  # after verl's __init__, which sets its own worker class
             self.agent_loop_workers_class = ray.remote(OverSamplingAgentLoopWorkerTQ)

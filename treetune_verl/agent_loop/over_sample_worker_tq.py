@@ -46,8 +46,11 @@ class SessionLLMServerClient(LLMServerClient):
         return turn_request_id(trajectory.session)
 
 
-def session_client(client: LLMServerClient) -> SessionLLMServerClient:
-    """A copy of verl's ``client`` (every attribute verl set: config, load balancer) that names turns by session.
+def session_client(
+    client: LLMServerClient, client_cls: type[SessionLLMServerClient] = SessionLLMServerClient
+) -> SessionLLMServerClient:
+    """A copy of verl's ``client`` (every attribute verl set: config, load balancer) as a ``client_cls``, which
+    names turns by session.
 
     Raises:
         ValueError: ``client`` is a subclass of verl's (e.g. the fully-async client, which resumes aborted turns):
@@ -59,7 +62,7 @@ def session_client(client: LLMServerClient) -> SessionLLMServerClient:
             f"{type(client).__qualname__}"
         )
     named = copy.copy(client)
-    named.__class__ = SessionLLMServerClient
+    named.__class__ = client_cls
     return named
 
 

@@ -141,7 +141,7 @@ class EntropySGLangHttpServer(SGLangHttpServer):
         """
         return_logprob = bool(sampling_params.get("logprobs", False))  # the parent pops it
         if session_of(request_id) in self._aborted_sessions:
-            return self._no_token_output(return_logprob, ABORTED_STOP_REASON)
+            return self._no_token_output(return_logprob, ABORTED_STOP_REASON, session_aborted=True)
         tap = self.tokenizer_manager
         if not isinstance(tap, _MetaInfoTap):
             tap = self.tokenizer_manager = _MetaInfoTap(self.tokenizer_manager)
@@ -149,7 +149,10 @@ class EntropySGLangHttpServer(SGLangHttpServer):
         try:
             output = await super().generate(prompt_ids, sampling_params, request_id, **kwargs)
         except _NoOutputTokens as empty:
-            return self._no_token_output(return_logprob, (empty.meta_info["finish_reason"] or {}).get("type"))
+            stop_reason = (empty.meta_info["finish_reason"] or {}).get("type")
+            return self._no_token_output(
+                return_logprob, stop_reason, session_aborted=self._session_aborted(request_id, stop_reason)
+            )
         finally:
             meta_info = tap.collect(request_id)
         entropy = None
@@ -163,11 +166,18 @@ class EntropySGLangHttpServer(SGLangHttpServer):
                 )
             if len(entropy) != len(output.token_ids):
                 raise RuntimeError(f"request {request_id}: {len(entropy)} entropies for {len(output.token_ids)} tokens")
-        return EntropyTokenOutput(**dict(output), entropy=entropy)
+        session_aborted = self._session_aborted(request_id, output.stop_reason)
+        return EntropyTokenOutput(**dict(output), entropy=entropy, session_aborted=session_aborted)
 
-    def _no_token_output(self, return_logprob: bool, stop_reason: str | None) -> EntropyTokenOutput:
+    def _session_aborted(self, request_id: str, stop_reason: str | None) -> bool:
+        """Whether the request stopped because its session was aborted (not by a pause of every request)."""
+        return stop_reason == ABORTED_STOP_REASON and session_of(request_id) in self._aborted_sessions
+
+    def _no_token_output(
+        self, return_logprob: bool, stop_reason: str | None, session_aborted: bool = False
+    ) -> EntropyTokenOutput:
         """The output of a request that produced no token, with the server's ``extra_fields`` as verl sets them."""
-        return empty_token_output(return_logprob, stop_reason, {"global_steps": self.global_steps})
+        return empty_token_output(return_logprob, stop_reason, {"global_steps": self.global_steps}, session_aborted)
 
     async def abort_sessions(self, sessions: list[str]) -> None:
         """Abort every request of these trajectories (session prefixes) in sglang; their later turns return at once.

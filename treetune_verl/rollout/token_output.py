@@ -22,13 +22,21 @@ class EntropyTokenOutput(TokenOutput):
     """
 
     entropy: list[float] | None = None
+    # The request's trajectory was aborted by session (``abort_sessions``: the trainer dropped its group), as opposed
+    # to every request of the server at once (a pause around a weight update, which a resuming client retries).
+    session_aborted: bool = False
 
 
 def empty_token_output(
-    return_logprob: bool, stop_reason: str | None, extra_fields: dict | None = None
+    return_logprob: bool, stop_reason: str | None, extra_fields: dict | None = None, session_aborted: bool = False
 ) -> EntropyTokenOutput:
     """The output of a request that produced no token: empty lists where logprobs were requested, else ``None``."""
     empty = [] if return_logprob else None
     return EntropyTokenOutput(
-        token_ids=[], log_probs=empty, entropy=empty, stop_reason=stop_reason, extra_fields=extra_fields or {}
+        token_ids=[],
+        log_probs=empty,
+        entropy=empty,
+        stop_reason=stop_reason,
+        extra_fields=extra_fields or {},
+        session_aborted=session_aborted,
     )

@@ -255,6 +255,7 @@ MANAGED_LOOP = "entropy_managed_agent"
 SAMPLER_KEY = "trainer.v1.sampler.custom_sampler"
 SAMPLER_PATH = "pkg://treetune_verl.trainer.v0_9_1.over_sample_sampler"
 SAMPLER_NAME = "OverSampleReplayBuffer"
+GEN_BATCH_SIZE_KEY = "data.gen_batch_size"
 SYNC_PARTS_KEY = "trainer.v1.sync.parameter_sync_step"  # verl reads it per trainer mode (trainer_base.py:130)
 
 
@@ -273,7 +274,6 @@ def check_current_stack(config: Any, verl_version: str) -> RunFeatures:
     default_loop = OmegaConf.select(config, DEFAULT_LOOP_KEY, default=None)
     refused = {
         f"failed rows aborted ({FAILED_ROWS_KEY})": features.abort_failed_rows,
-        f"carry-over ({CARRY_OVER_KEY})": features.carry_over,
         f"the live entropy forecast ({FORECAST_SECTION})": features.forecast is not None,
         f"managed agent sessions ({DEFAULT_LOOP_KEY}={MANAGED_LOOP})": default_loop == MANAGED_LOOP,
     }
@@ -296,6 +296,15 @@ def check_current_stack(config: Any, verl_version: str) -> RunFeatures:
         )
     if features.over_sample_rate > 0:
         check_current_over_sample_config(config, verl_version)
+    if features.carry_over:
+        check_carry_over_config(config, features)
+        gen_batch_size = OmegaConf.select(config, GEN_BATCH_SIZE_KEY, default=None)
+        if gen_batch_size != 1:
+            raise ValueError(
+                f"{CARRY_OVER_KEY}=true on verl {verl_version} dispatches train_batch_size - carried groups of fresh "
+                f"prompts each step, which verl fetches in whole data.gen_batch_size chunks: set "
+                f"{GEN_BATCH_SIZE_KEY}=1 (got {gen_batch_size})"
+            )
     return features
 
 

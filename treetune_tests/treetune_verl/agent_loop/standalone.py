@@ -93,6 +93,33 @@ def check_entropy_row(
     return error, late, early, zeros
 
 
+def other_weights(model_path: Path, dest: Path) -> Path:
+    """A copy of the model with every weight moved by 10 % of its tensor's spread (seeded)."""
+    from transformers import AutoModelForCausalLM
+
+    shutil.copytree(model_path, dest)
+    model = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in model.parameters():
+            spread = param.std() if param.numel() > 1 else param.abs()
+            param.add_(0.1 * spread * torch.randn(param.shape, generator=generator))
+    model.save_pretrained(dest)
+    return dest
+
+
+def load_weights(address: str, model_path: Path) -> None:
+    """Have the sglang server at ``address`` load ``model_path``'s weights (``/update_weights_from_disk``, as a
+    weight sync would)."""
+    request = urllib.request.Request(
+        f"http://{address}/update_weights_from_disk",
+        data=json.dumps({"model_path": str(model_path)}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=300) as reply:
+        assert json.loads(reply.read())["success"], "sglang did not load the new weights"
+
+
 def standalone_config(model_path: Path, workdir: Path):
     from treetune_tests.treetune_verl.agent_loop.fakes import compose_config  # verl 0.7.1 (its interactions)
 

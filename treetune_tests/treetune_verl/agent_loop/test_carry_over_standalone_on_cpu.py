@@ -23,8 +23,6 @@ end-of-sequence (only their sampling differs):
 
 from __future__ import annotations
 
-import json
-import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -38,7 +36,9 @@ from treetune_tests.treetune_verl.agent_loop.fakes import FIXED_LENGTH_LOOP, mak
 from treetune_tests.treetune_verl.agent_loop.standalone import (
     RESPONSE_LENGTH,
     driver_state_restored,  # noqa: F401  (fixture, used below)
+    load_weights,
     model_with_short_turns,
+    other_weights,
     ray_session,
     standalone_config,
     teacher_forced,
@@ -110,33 +110,6 @@ def _carry_config(model_path, workdir):
     return config
 
 
-def _other_weights(model_path: Path, dest: Path) -> Path:
-    """A copy of the model with every weight moved by 10 % of its tensor's spread (seeded)."""
-    import shutil
-
-    from transformers import AutoModelForCausalLM
-
-    shutil.copytree(model_path, dest)
-    model = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for param in model.parameters():
-            spread = param.std() if param.numel() > 1 else param.abs()
-            param.add_(0.1 * spread * torch.randn(param.shape, generator=generator))
-    model.save_pretrained(dest)
-    return dest
-
-
-def _load_weights(address: str, model_path: Path) -> None:
-    request = urllib.request.Request(
-        f"http://{address}/update_weights_from_disk",
-        data=json.dumps({"model_path": str(model_path)}).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=300) as reply:
-        assert json.loads(reply.read())["success"], "sglang did not load the new weights"
-
-
 def _rows_of(uids: list[str], group: str) -> list[int]:
     """Positions of ``group``'s rows in the repeated (interleaved) batch."""
     first = uids.index(group) * N
@@ -150,7 +123,7 @@ def test_carried_rows_resume_under_new_weights_with_each_tokens_own_log_prob(tin
     from transformers import AutoModelForCausalLM
 
     w1 = model_with_short_turns(tiny_model_dir, tmp_path / "w1")
-    w2 = _other_weights(w1, tmp_path / "w2")
+    w2 = other_weights(w1, tmp_path / "w2")
     config = _carry_config(w1, tmp_path / "cfg")
     with ray_session(monkeypatch) as session:
         manager = EntropyAgentLoopManager.create(config)
@@ -162,7 +135,7 @@ def test_carried_rows_resume_under_new_weights_with_each_tokens_own_log_prob(tin
         uids1, out1 = _generate(manager, trainer, "ABCD", global_steps=1)
         carried = {g: carry.carried(g) for g in "ABCD"}
         backlog1 = carry.backlog
-        _load_weights(manager.server_addresses[0], w2)
+        load_weights(manager.server_addresses[0], w2)
         uids2, out2 = _generate(manager, trainer, "EFGH", global_steps=2)
         carried2 = {g: carry.carried(g) for g in "EF"}
         backlog2 = carry.backlog

@@ -100,6 +100,9 @@ async def test_abort_sessions_cuts_exactly_the_named_trajectories(tiny_model_dir
     assert again.stop_reason == "abort" and again.token_ids == [] and again_s < 0.1
     assert after.stop_reason == "length" and len(after.token_ids) == 6  # forgotten: generates normally
     _well_formed(after)
+    # marked as cut by their session (carry-over's resuming client does not re-send those), and only those
+    assert a_out.session_aborted and b_out.session_aborted and again.session_aborted
+    assert not any(out.session_aborted for out in (other_out, later_out, after, first, full))
     assert entropy_requests == 0  # no entropy state of an aborted request left in the scheduler
 
 

@@ -23,22 +23,35 @@ The aborted groups never reach the trainer: every estimator, the critic and the 
 smaller than ``train_batch_size``, which verl pads to its mini-batch multiple with its own padding rows
 (``_balance_batch``; what that means per estimator and loss mode: ``ppo/advantage.py``). Validation batches and
 ``r = 0`` are verl's ``sample`` unchanged. Metrics (the step's, through verl's ``sample`` result):
-``rollout/aborted_groups``, ``rollout/aborted_rows`` (rows that had started, finished rows of a dropped group
+``rollout/kept_groups``, ``rollout/aborted_groups``, ``rollout/aborted_rows`` (rows that had started, finished rows of a dropped group
 included), ``rollout/aborted_ratio`` (of the step's rows), ``rollout/failed_groups`` (aborted ones with a row that
-raised), ``rollout/abort_wait_s`` (from the target to the last
-aborted group settled, also counted in ``timing_s/treetune/over_sampling``).
+raised), ``rollout/aborted_tokens`` (the tokens those rows had), ``rollout/abort_wait_s`` (from the target to the
+last aborted group settled, also counted in ``timing_s/treetune/over_sampling``).
+
+With carry-over (``rollout.custom.over_sample.carry_over=true``) step 2 aborts only the groups that cannot train at
+the next step: failed ones, and those whose first tokens would then be more than ``max_staleness`` steps old (a group
+dispatched at step ``s`` samples with the weights of step ``s - 1``); the others stay in TransferQueue, running:
+the trainer pauses the servers at the end of sampling and resumes them after the weight update (its seams,
+``trainer_seams.py``, which also dispatch only ``train_batch_size - carried`` fresh prompts at the next step), their
+client resumes each cut turn (``agent_loop/resuming_client.py``), and verl's ``sample`` takes the oldest finished
+groups first. A group dropped that way loses its prompt (verl's dataloader moves on; the pinned stack restarts it).
+Metrics ``rollout/carry_over/``: ``groups_carried`` (left running), ``groups_resumed`` (kept groups of an earlier
+step), ``tokens_trained`` (kept tokens of earlier weights) and ``staleness/<k>`` (kept tokens sampled ``k`` updates
+ago).
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Any
 
 import ray
 
+from treetune_verl.batch_keys import TOKEN_GLOBAL_STEPS_KEY
 from treetune_verl.rollout.session import group_session_id
 from treetune_verl.timing import OVER_SAMPLING, SECONDS
-from treetune_verl.trainer.features import SAMPLER_NAME, completion_target, over_sample_rate
+from treetune_verl.trainer.features import SAMPLER_NAME, RunFeatures, completion_target
 from treetune_verl.trainer.v0_9_1.process_setup import policy_server_manager
 from treetune_verl.verl_guard import VERL_CURRENT
 
@@ -52,12 +65,14 @@ __all__ = ["OverSampleReplayBuffer", "POLL_S"]
 # metadata listing per poll, no row data).
 POLL_S = 0.1
 METRIC_PREFIX = "rollout/"
+CARRY_PREFIX = "rollout/carry_over/"  # the pinned stack's names (agent_loop/carry_over.py)
 
 
 class OverSampleReplayBuffer(ReplayBuffer):
     """verl's sync replay buffer that trains the first ``target`` whole groups of a step and aborts the others.
 
-    The rate is ``rollout.over_sample_rate`` of the config the policy's servers were built with (the trainer's).
+    The rate, carry-over and its staleness bound are those of the config the policy's servers were built with (the
+    trainer's).
 
     Raises:
         ValueError: a trainer mode other than ``sync`` (an async trainer's buffer keeps groups across steps).
@@ -70,37 +85,82 @@ class OverSampleReplayBuffer(ReplayBuffer):
                 f"{trainer_mode!r}"
             )
         super().__init__(trainer_mode, *args, poll_interval=poll_interval, **kwargs)
-        self.rate: float | None = None  # read from the servers' config at the first training step
+        self.features: RunFeatures | None = None  # read from the servers' config at the first sample
+        self.carried = 0  # groups left running by the last training step (carry-over), for the next dispatch
         self._target: int | None = None  # groups to keep, during an over-sampled step's sample
 
     def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[Any, dict]:
-        """verl's ``sample`` of ``target`` groups, the step's other groups aborted and removed; see the module."""
-        if partition_id != "train" or self._rate() == 0:
+        """verl's ``sample`` of ``target`` groups, the step's other groups aborted and removed (with carry-over: the
+        stale and failed ones only, the others left running); see the module."""
+        rate = self._features().over_sample_rate
+        if partition_id != "train" or rate == 0:
             return super().sample(global_steps, partition_id, batch_size)
-        self._target = completion_target(self._rate(), batch_size)
+        self._target = completion_target(rate, batch_size)
         try:
             batch, metrics = super().sample(global_steps, partition_id, self._target)
         finally:
             self._target = None
-        started = len(batch)  # the kept groups' rows (sync mode: every group of the partition is this step's)
+        started = len(batch)  # the kept groups' rows
         reached = time.perf_counter()
         with SECONDS.timed(OVER_SAMPLING):  # our seconds of the step (timing.py): waiting for the target is verl's
-            groups, failed, rows = self._abort_other_groups(partition_id)
+            self._sync_metadata_from_transfer_queue()
+            others = self._groups(partition_id)
+            dropped = others
+            if self._features().carry_over:
+                dropped = self._stale_groups(global_steps, partition_id, others) | self.failure_keys[partition_id]
+                metrics.update(self._carry_metrics(global_steps, batch, carried=len(others - dropped)))
+            failed, rows, tokens = self._abort_groups(partition_id, dropped)
+            self.carried = len(others - dropped)
         metrics.update(
             {
-                f"{METRIC_PREFIX}aborted_groups": len(groups),
+                f"{METRIC_PREFIX}kept_groups": len({key.split("_")[0] for key in batch.keys}),
+                f"{METRIC_PREFIX}aborted_groups": len(dropped),
                 f"{METRIC_PREFIX}failed_groups": len(failed),
                 f"{METRIC_PREFIX}aborted_rows": rows,
                 f"{METRIC_PREFIX}aborted_ratio": rows / (started + rows),
                 f"{METRIC_PREFIX}abort_wait_s": time.perf_counter() - reached,
+                f"{METRIC_PREFIX}aborted_tokens": tokens,
             }
         )
         return batch, metrics
 
-    def _rate(self) -> float:
-        if self.rate is None:
-            self.rate = over_sample_rate(policy_server_manager().config.actor_rollout_ref.rollout)
-        return self.rate
+    def _features(self) -> RunFeatures:
+        """The run's features, from the config the policy's servers were built with (the trainer's)."""
+        if self.features is None:
+            self.features = RunFeatures.from_config(policy_server_manager().config, rollout_entropy=True)
+        return self.features
+
+    def _stale_groups(self, global_steps: int, partition_id: str, groups: set[str]) -> set[str]:
+        """The groups that would train at the next step with tokens older than ``max_staleness`` steps: a group
+        dispatched at step ``s`` samples its first tokens with the weights of step ``s - 1``."""
+        dispatched = self.prompt_global_steps[partition_id]
+        bound = self._features().max_staleness
+        return {uid for uid in groups if global_steps + 1 - dispatched.get(uid, global_steps) > bound}
+
+    def _carry_metrics(self, global_steps: int, batch: Any, carried: int) -> dict[str, float]:
+        """The kept rows' tokens by staleness (training step - 1 - the weight version that sampled them), the kept
+        groups dispatched at an earlier step, and the groups left running for the next step.
+
+        Raises:
+            RuntimeError: a kept row's token has no weight version (the servers' ``global_steps`` was never set).
+        """
+        steps = self._token_steps(batch)
+        if None in steps:
+            raise RuntimeError(
+                "carry-over: a kept row has tokens of unknown weight version (the trainer's seams set the servers' "
+                "global_steps, trainer/v0_9_1/trainer_seams.py)"
+            )
+        staleness = Counter(global_steps - 1 - step for step in steps)
+        resumed = {
+            key.split("_")[0]
+            for key, tag in zip(batch.keys, batch.tags, strict=True)
+            if tag["global_steps"] < global_steps
+        }
+        metrics = {f"{CARRY_PREFIX}staleness/{age}": count for age, count in sorted(staleness.items())}
+        metrics[f"{CARRY_PREFIX}groups_resumed"] = len(resumed)
+        metrics[f"{CARRY_PREFIX}tokens_trained"] = sum(count for age, count in staleness.items() if age > 0)
+        metrics[f"{CARRY_PREFIX}groups_carried"] = carried
+        return metrics
 
     def _sampleable_terminal_keys(self, partition_id: str, eviction_reasons: Any) -> set[str]:
         """verl's sampleable groups, less the failed ones while over-sampling (a failed group is not whole).
@@ -120,23 +180,28 @@ class OverSampleReplayBuffer(ReplayBuffer):
             )
         return sampleable
 
-    def _abort_other_groups(self, partition_id: str) -> tuple[set[str], set[str], int]:
-        """Abort every group still in ``partition_id``, wait until each is terminal, remove them; (groups, the
-        failed ones among them, rows)."""
-        self._sync_metadata_from_transfer_queue()
-        groups = self._groups(partition_id)
+    def _token_steps(self, batch: Any) -> list[int | None]:
+        """Every kept token's weight version, read from the rows' ``extra_fields`` in TransferQueue."""
+        import transfer_queue as tq
+
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
+        return [step for fields in data.pop("extra_fields").tolist() for step in fields.get(TOKEN_GLOBAL_STEPS_KEY, [])]
+
+    def _abort_groups(self, partition_id: str, groups: set[str]) -> tuple[set[str], int, int]:
+        """Abort ``groups`` of ``partition_id``, wait until each is terminal, remove them; (the failed ones among
+        them, their rows, the tokens those rows had)."""
         if not groups:
-            return groups, set(), 0
+            return set(), 0, 0
         sessions = [group_session_id(uid) for uid in groups]
         self._abort(sessions)
         while self._open_groups(partition_id) & groups:
             time.sleep(self.poll_interval)
             self._sync_metadata_from_transfer_queue()
         failed = groups & self.failure_keys[partition_id]
-        rows = sum(key.split("_")[0] in groups for key in self.partitions[partition_id])
+        rows = {key: tag for key, tag in self.partitions[partition_id].items() if key.split("_")[0] in groups}
         self._clear_groups(partition_id, groups)
         self._forget(sessions)
-        return groups, failed, rows
+        return failed, len(rows), sum(tag.get("response_len", 0) for tag in rows.values())
 
     def _abort(self, sessions: list[str]) -> None:
         """Abort these sessions on every server of the policy (a group's turns may have gone to any of them)."""

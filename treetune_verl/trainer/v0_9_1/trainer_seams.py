@@ -12,11 +12,15 @@ that every verl process of every user would import (spec):
 ==============================================  =================================================================
 seam                                            what runs after verl's own, in order
 ==============================================  =================================================================
+``PPOTrainer.prepare_step`` (``:1525``)          instead of verl's, with carry-over groups running: dispatch
+                                                   ``train_batch_size - carried`` fresh prompts (the replay buffer,
+                                                   ``over_sample_sampler.py``, says how many it carried)
 ``PPOTrainer._compute_old_log_prob``            1. rollout entropy: ``rollout_entropy`` / ``has_rollout_entropy``
 (``trainer_base.py:1634``; the actor's             into TransferQueue for every row of the step, built from the
 ``entropy`` is in TransferQueue after it)          rows' ``extra_fields`` (``entropy_rows.py``), and its metrics;
                                                 2. the agreement ``rollout_entropy/actor_abs_diff/{mean,max}``
                                                    against the actor's ``entropy`` of the same tokens, when defined
+                                                   (with carry-over: rows of the current weights only)
 ``PPOTrainer._compute_advantage`` (``:1743``;    1. steering: entropy-shaped advantage, then the forking-token mask
 the advantages are in TransferQueue after it)      (``ppo/entropy_advantage.py``, one threshold for the batch's real
                                                    rows; verl's padding rows keep theirs)
@@ -24,6 +28,12 @@ the advantages are in TransferQueue after it)      (``ppo/entropy_advantage.py``
                                                    ``val-aux/rollout_entropy/...``
 ``PPOTrainer._compute_metrics`` (``:1868``)     1. every feature's seconds in our code this step
                                                    (``timing_s/treetune/*``, ``treetune/share_of_step``)
+``PPOTrainerSync.on_init_end`` (``trainer_sync  1. carry-over: the servers' weight version (``set_global_steps``)
+.py:31``)
+``PPOTrainerSync.on_sample_end`` (``:40``)       *before* verl's sleep, carry-over: pause the servers (verl's
+                                                   ``abort_replicas``, as its ``colocate_async`` trainer does)
+``PPOTrainerSync.on_step_end`` (``:35``; the     1. carry-over: the new weight version, then
+weights are updated after it)                      ``resume_generation_replicas``: the carried turns go on
 ==============================================  =================================================================
 
 Metric names are the pinned stack's (``timing_s/agent_loop/rollout_entropy/{mean,p50,p90,max,rows_without_entropy}``
@@ -40,10 +50,10 @@ from typing import Any
 
 import torch
 
-from treetune_verl.batch_keys import HAS_ROLLOUT_ENTROPY_KEY, ROLLOUT_ENTROPY_KEY
+from treetune_verl.batch_keys import HAS_ROLLOUT_ENTROPY_KEY, ROLLOUT_ENTROPY_KEY, TOKEN_GLOBAL_STEPS_KEY
 from treetune_verl.patching import Wrap, swapped
 from treetune_verl.ppo.entropy_advantage import steer_advantages
-from treetune_verl.timing import ROLLOUT_ENTROPY, SECONDS, STEERING, TRAINER_HOOKS, step_metrics
+from treetune_verl.timing import OVER_SAMPLING, ROLLOUT_ENTROPY, SECONDS, STEERING, TRAINER_HOOKS, step_metrics
 from treetune_verl.trainer.features import RunFeatures
 from treetune_verl.trainer.metrics import actor_agreement_metrics, rollout_entropy_metrics
 from treetune_verl.trainer.trainer_seams import agreement_is_defined
@@ -60,7 +70,7 @@ VALIDATION_PREFIX = "val-aux/"
 # Signatures the wrappers repeat: verl 0.9.1 trainer/ppo/v1/trainer_base.py.
 _COMPUTE_OLD_LOG_PROB_PARAMS = ("self", "batch", "metrics")
 _COMPUTE_ADVANTAGE_PARAMS = ("self", "batch", "metrics")
-_VALIDATE_PARAMS = ("self",)
+_SELF = ("self",)  # prepare_step, _validate; PPOTrainerSync (trainer_sync.py) on_init_end, on_sample_end, on_step_end
 _COMPUTE_METRICS_PARAMS = ("self", "batch", "metrics", "timing_raw", "global_steps", "epoch")
 
 
@@ -117,21 +127,32 @@ def _wrap_compute_old_log_prob(original):
             if ACTOR_ENTROPY_KEY in (batch.fields or ()) and agreement_is_defined(
                 self.config.actor_rollout_ref.rollout
             ):
-                metrics.update(_agreement(batch, rows, masks))
+                # with carry-over, rows with tokens of earlier weights are left out: the actor has the current ones
+                weights = self.global_steps - 1 if _FEATURES.carry_over else None
+                metrics.update(_agreement(batch, rows, masks, weights))
         return batch
 
     return _compute_old_log_prob
 
 
-def _agreement(batch: Any, rows: list[dict[str, torch.Tensor]], masks: list[torch.Tensor]) -> dict[str, float]:
+def _agreement(
+    batch: Any, rows: list[dict[str, torch.Tensor]], masks: list[torch.Tensor], weights: int | None = None
+) -> dict[str, float]:
+    """The agreement metrics over the rows with rollout entropy; with ``weights`` (a weight version), only over the
+    rows whose every token was sampled with those weights (``token_global_steps``, carry-over's resuming client)."""
     import transfer_queue as tq
 
-    actor = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=[ACTOR_ENTROPY_KEY])
+    fields = [ACTOR_ENTROPY_KEY] + (["extra_fields"] if weights is not None else [])
+    data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+    counted = torch.stack([row[HAS_ROLLOUT_ENTROPY_KEY] for row in rows])
+    if weights is not None:
+        versions = [extra.get(TOKEN_GLOBAL_STEPS_KEY, []) for extra in data.pop("extra_fields").tolist()]
+        counted &= torch.tensor([all(version == weights for version in row) for row in versions])
     return actor_agreement_metrics(
         _padded([row[ROLLOUT_ENTROPY_KEY] for row in rows]),
-        _padded(_rows(actor[ACTOR_ENTROPY_KEY])),
+        _padded(_rows(data[ACTOR_ENTROPY_KEY])),
         _padded(masks),
-        torch.stack([row[HAS_ROLLOUT_ENTROPY_KEY] for row in rows]),
+        counted,
     )
 
 
@@ -224,6 +245,64 @@ def _wrap_compute_metrics(original):
     return _compute_metrics
 
 
+def _wrap_prepare_step(original):
+    def prepare_step(self):
+        carried = self.replay_buffer.carried if _FEATURES.carry_over else 0
+        if not carried:
+            return original(self)
+        # 1. carry-over: the carried groups take slots of this step's batch; only the others are fresh prompts
+        fresh = self.config.data.train_batch_size - carried
+        if fresh > 0:
+            self._add_prompts_to_generate(fresh)
+        return {}
+
+    return prepare_step
+
+
+def _set_weight_version(trainer: Any) -> None:
+    """Tell the policy's servers which step's weights they serve (verl's ``set_global_steps``; verl's sglang path
+    never calls it): each sampled token's weight version (``resuming_client.py``)."""
+    import ray
+
+    handles = trainer.llm_server_manager.server_handles
+    ray.get([server.set_global_steps.remote(trainer.global_steps) for server in handles])
+
+
+def _wrap_on_init_end(original):
+    def on_init_end(self):
+        original(self)
+        # 1. carry-over: the weight version the first step's tokens are sampled with
+        if _FEATURES.carry_over:
+            _set_weight_version(self)
+
+    return on_init_end
+
+
+def _wrap_on_sample_end(original):
+    def on_sample_end(self):
+        # 1. carry-over, before verl sleeps the servers (which needs them idle): pause them, as verl's colocate_async
+        #    trainer does; the carried groups' running turns come back "abort" and their client re-sends them after
+        #    the resume
+        if _FEATURES.carry_over:
+            with SECONDS.timed(OVER_SAMPLING):
+                self.checkpoint_manager.abort_replicas()
+        return original(self)
+
+    return on_sample_end
+
+
+def _wrap_on_step_end(original):
+    def on_step_end(self):
+        original(self)  # verl's weight update
+        # 1. carry-over: the new weight version, then the paused turns go on (before validation, which needs them)
+        if _FEATURES.carry_over:
+            with SECONDS.timed(OVER_SAMPLING):
+                _set_weight_version(self)
+                self.checkpoint_manager.resume_generation_replicas()
+
+    return on_step_end
+
+
 # The run's features, from the trainer's config (install); a process trains one run.
 _FEATURES = RunFeatures()
 
@@ -234,15 +313,20 @@ def install(features: RunFeatures) -> None:
     Raises:
         UnsupportedVerlError: another verl version, or a changed signature of a wrapped method.
     """
-    from verl.trainer.ppo.v1 import trainer_base
+    from verl.trainer.ppo.v1 import trainer_base, trainer_sync
 
     global _FEATURES
     VERL_CURRENT.require("V1 trainer hooks")
     trainer = trainer_base.PPOTrainer
+    sync = trainer_sync.PPOTrainerSync
     VERL_CURRENT.wrap(
+        Wrap(trainer, "prepare_step", _wrap_prepare_step, _SELF),
         Wrap(trainer, "_compute_old_log_prob", _wrap_compute_old_log_prob, _COMPUTE_OLD_LOG_PROB_PARAMS),
         Wrap(trainer, "_compute_advantage", _wrap_compute_advantage, _COMPUTE_ADVANTAGE_PARAMS),
-        Wrap(trainer, "_validate", _wrap_validate, _VALIDATE_PARAMS),
+        Wrap(trainer, "_validate", _wrap_validate, _SELF),
         Wrap(trainer, "_compute_metrics", _wrap_compute_metrics, _COMPUTE_METRICS_PARAMS),
+        Wrap(sync, "on_init_end", _wrap_on_init_end, _SELF),
+        Wrap(sync, "on_sample_end", _wrap_on_sample_end, _SELF),
+        Wrap(sync, "on_step_end", _wrap_on_step_end, _SELF),
     )
     _FEATURES = features

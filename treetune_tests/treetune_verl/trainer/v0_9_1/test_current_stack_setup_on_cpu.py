@@ -108,6 +108,31 @@ def test_over_sampling_on_verl_0_9_1_refuses_what_verls_padding_makes_wrong(
         _manager(config)
 
 
+def _carry_over_command_line(tiny_model_dir, tmp_path) -> list[str]:
+    env = {"E2E_PRINT_ARGS": "1", "E2E_DEVICE": "cpu", "MODEL_PATH": str(tiny_model_dir), "E2E_WORKDIR": str(tmp_path)}
+    result = run_script({**env, "E2E_OVER_SAMPLE": "0.25", "E2E_CARRY_OVER": "1"}, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.splitlines()
+
+
+def test_carry_over_starts_on_verl_0_9_1_and_refuses_what_it_needs_by_key(process_setup, tiny_model_dir, tmp_path):
+    """The e2e script's carry-over command line (with data.gen_batch_size=1 and token-level rollout correction)
+    starts; without either, the run is refused naming the key."""
+    command_line = _carry_over_command_line(tiny_model_dir, tmp_path)
+    assert "data.gen_batch_size=1" in command_line
+    features = check_current_stack(_compose(command_line), "0.9.1")
+    assert features.carry_over and features.enabled == ["rollout_entropy", "over_sampling"]
+    _manager(_compose(command_line))  # not refused
+    refusals = {
+        "data.gen_batch_size=null": "fetches in whole data.gen_batch_size chunks: set data.gen_batch_size=1",
+        "algorithm.rollout_correction.rollout_is=null": "set verl's rollout correction",
+    }
+    for override, words in refusals.items():
+        without = [arg for arg in command_line if not arg.startswith(override.split("=")[0])] + [override]
+        with pytest.raises(ValueError, match=words):
+            _manager(_compose(without))
+
+
 @pytest.mark.parametrize("name", ["forking_tokens", "advantage_shaping"])
 def test_steering_starts_on_verl_0_9_1(name, process_setup, tiny_model_dir, tmp_path):
     """Forking tokens and advantage shaping run in the trainer's process (the V1 seam after _compute_advantage)."""

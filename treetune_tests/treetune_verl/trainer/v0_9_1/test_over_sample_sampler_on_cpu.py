@@ -5,11 +5,13 @@
 verl's own ``ReplayBuffer.sample`` runs unchanged; TransferQueue is an in-memory stand-in for the two calls the
 buffer makes (``kv_list``, ``kv_clear``: the real one needs a Ray cluster; the real path, with a real Engine and
 real TransferQueue, is ``test_v1_rollout_standalone_on_cpu.py``'s over-sampling test), and the servers are the
-buffer's own ``_abort`` / ``_forget`` seam, here finishing the aborted groups as a server's abort does.
+buffer's own ``_abort`` / ``_forget`` seam, here finishing the aborted groups as a server's abort does, and the kept
+rows' weight versions its ``_token_steps``.
 
 verl marks a group ``failure`` when one of its rows raised and would train it without that row: over-sampling keeps
 whole groups only, so a failed group is never taken (even when it ended first), it is aborted and removed with the
-others, and a step whose failures leave fewer groups than the target can finish stops with an error.
+others, and a step whose failures leave fewer groups than the target can finish stops with an error. With carry-over
+only the groups too stale for the next step and the failed ones go; the others stay, running.
 """
 
 from __future__ import annotations
@@ -34,10 +36,13 @@ class _TransferQueueTags:
 
     def set(self, uid: str, status: str) -> None:
         # "a" is dispatched first: verl's sample takes the oldest terminal groups first, so it would take "a"
-        self.tags[uid] = {"is_prompt": True, "status": status, "global_steps": 0 if uid == "a" else 1}
+        step = 0 if uid == "a" else 1
+        self.tags[uid] = {"is_prompt": True, "status": status, "global_steps": step}
         if status in ("finished", "failure"):  # a failed group has the rows that did not raise
             rows = range(N) if status == "finished" else range(N - 1)
-            self.tags.update({f"{uid}_{s}_0": {"status": "success", "response_len": 4} for s in rows})
+            self.tags.update(
+                {f"{uid}_{s}_0": {"status": "success", "response_len": 4, "global_steps": step} for s in rows}
+            )
 
     def kv_list(self, partition_id: str | None = None) -> dict:
         return {self.partition: dict(self.tags)}
@@ -47,9 +52,11 @@ class _TransferQueueTags:
             self.tags.pop(key, None)
 
 
-def _buffer(monkeypatch, statuses: dict[str, str], partition: str = "train"):
+def _buffer(monkeypatch, statuses: dict[str, str], partition: str = "train", **features):
     from verl.trainer.ppo.v1 import replay_buffer
 
+    from treetune_verl.rollout.session import group_session_id
+    from treetune_verl.trainer.features import RunFeatures
     from treetune_verl.trainer.v0_9_1.over_sample_sampler import OverSampleReplayBuffer
 
     store = _TransferQueueTags(statuses, partition)
@@ -59,13 +66,17 @@ def _buffer(monkeypatch, statuses: dict[str, str], partition: str = "train"):
         aborted: list[str] = []
         forgotten: list[str] = []
 
-        def _rate(self) -> float:
-            return 0.5
+        def _features(self) -> RunFeatures:
+            return RunFeatures(over_sample_rate=0.5, **features)
+
+        def _token_steps(self, batch):  # the kept rows' weight versions (extra_fields): 3 tokens per row, of step 0
+            return [0] * 3 * len(batch)
 
         def _abort(self, sessions):  # what the server's abort does: the groups' rows come back, their prompts end
             self.aborted.extend(sessions)
             for uid, tag in list(store.tags.items()):
-                if tag.get("is_prompt") and tag["status"] in ("pending", "running"):
+                aborted = group_session_id(uid) in sessions
+                if aborted and tag.get("is_prompt") and tag["status"] in ("pending", "running"):
                     store.set(uid, "finished")
 
         def _forget(self, sessions):
@@ -107,3 +118,24 @@ def test_validation_and_rate_zero_are_verls_sample(monkeypatch):
     batch, metrics = buffer.sample(global_steps=1, partition_id="val", batch_size=2)
     assert buffer.aborted == [] and "rollout/aborted_groups" not in metrics
     assert len(batch.keys) == 2 * N - 1
+
+
+def test_carry_over_drops_only_the_stale_and_failed_groups_and_leaves_the_others_running(monkeypatch):
+    """Step 2, ``max_staleness`` 1: a group dispatched at step 1 would train at step 3 with tokens 2 updates old, so
+    of the groups not kept the stale ones go (with a failed one), the fresh one stays running and is counted."""
+    from treetune_verl.rollout.session import group_session_id
+
+    # a (step 0) finished first and is kept; b failed; c, d (step 1) running; e (step 2) running
+    statuses = {"a": "finished", "b": "failure", "c": "running", "d": "running", "e": "running"}
+    buffer, store = _buffer(monkeypatch, statuses, carry_over=True, max_staleness=1)
+    store.tags["e"]["global_steps"] = 2
+    batch, metrics = buffer.sample(global_steps=2, partition_id="train", batch_size=2)  # target 1
+    assert sorted(batch.keys) == [f"a_{s}_0" for s in range(N)]
+    assert sorted(buffer.aborted) == sorted(group_session_id(g) for g in "bcd")  # stale c, d and failed b
+    assert buffer.carried == 1 and "e" in store.tags and store.tags["e"]["status"] == "running"
+    assert not any(key.split("_")[0] in "bcd" for key in store.tags), sorted(store.tags)
+    assert metrics["rollout/aborted_groups"] == 3 and metrics["rollout/failed_groups"] == 1
+    assert metrics["rollout/aborted_rows"] == (N - 1) + 2 * N and metrics["rollout/aborted_tokens"] == 4 * (3 * N - 1)
+    assert metrics["rollout/carry_over/groups_carried"] == 1
+    assert metrics["rollout/carry_over/groups_resumed"] == 1  # a, dispatched at step 0
+    assert metrics["rollout/carry_over/staleness/1"] == 3 * N == metrics["rollout/carry_over/tokens_trained"]
