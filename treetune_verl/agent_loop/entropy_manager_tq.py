@@ -17,13 +17,7 @@ from typing import Any
 
 import ray
 
-from treetune_verl.trainer.features import (
-    ACTOR_SETUP_MODULE,
-    EXTERNAL_LIB_KEY,
-    MANAGER_KEY,
-    RunFeatures,
-    over_sample_rate,
-)
+from treetune_verl.trainer.features import ACTOR_SETUP_MODULE, EXTERNAL_LIB_KEY, MANAGER_KEY, RunFeatures
 from treetune_verl.trainer.v0_9_1.process_setup import server_selected
 from treetune_verl.verl_guard import VERL_CURRENT
 
@@ -45,11 +39,12 @@ class EntropyAgentLoopManager(AgentLoopManagerTQ):
                 f"{MANAGER_KEY} on verl 0.9.1 needs {EXTERNAL_LIB_KEY}={ACTOR_SETUP_MODULE}: verl builds the "
                 "rollout servers before it loads the manager, and that module selects the entropy server then"
             )
-        over_sampling = over_sample_rate(config.actor_rollout_ref.rollout) > 0
+        features = RunFeatures.from_config(config, rollout_entropy=True)
+        over_sampling = features.over_sample_rate > 0
         if over_sampling:
             from treetune_verl.agent_loop.over_sample_worker_tq import OverSamplingAgentLoopWorkerTQ, session_client
 
-            if RunFeatures.from_config(config, rollout_entropy=True).carry_over:
+            if features.carry_over:
                 from treetune_verl.agent_loop.resuming_client import resuming_client
 
                 llm_client = resuming_client(llm_client)

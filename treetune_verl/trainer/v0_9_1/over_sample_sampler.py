@@ -23,8 +23,8 @@ The aborted groups never reach the trainer: every estimator, the critic and the 
 smaller than ``train_batch_size``, which verl pads to its mini-batch multiple with its own padding rows
 (``_balance_batch``; what that means per estimator and loss mode: ``ppo/advantage.py``). Validation batches and
 ``r = 0`` are verl's ``sample`` unchanged. Metrics (the step's, through verl's ``sample`` result):
-``rollout/kept_groups``, ``rollout/aborted_groups``, ``rollout/aborted_rows`` (rows that had started, finished rows of a dropped group
-included), ``rollout/aborted_ratio`` (of the step's rows), ``rollout/failed_groups`` (aborted ones with a row that
+``rollout/kept_groups``, ``rollout/aborted_groups``, ``rollout/aborted_rows`` (rows that had started, finished rows
+of a dropped group included), ``rollout/aborted_ratio`` (of the step's rows), ``rollout/failed_groups`` (aborted ones with a row that
 raised), ``rollout/aborted_tokens`` (the tokens those rows had), ``rollout/abort_wait_s`` (from the target to the
 last aborted group settled, also counted in ``timing_s/treetune/over_sampling``).
 
@@ -108,9 +108,10 @@ class OverSampleReplayBuffer(ReplayBuffer):
             dropped = others
             if self._features().carry_over:
                 dropped = self._stale_groups(global_steps, partition_id, others) | self.failure_keys[partition_id]
-                metrics.update(self._carry_metrics(global_steps, batch, carried=len(others - dropped)))
-            failed, rows, tokens = self._abort_groups(partition_id, dropped)
             self.carried = len(others - dropped)
+            if self._features().carry_over:
+                metrics.update(self._carry_metrics(global_steps, batch))
+            failed, rows, tokens = self._abort_groups(partition_id, dropped)
         metrics.update(
             {
                 f"{METRIC_PREFIX}kept_groups": len({key.split("_")[0] for key in batch.keys}),
@@ -137,7 +138,7 @@ class OverSampleReplayBuffer(ReplayBuffer):
         bound = self._features().max_staleness
         return {uid for uid in groups if global_steps + 1 - dispatched.get(uid, global_steps) > bound}
 
-    def _carry_metrics(self, global_steps: int, batch: Any, carried: int) -> dict[str, float]:
+    def _carry_metrics(self, global_steps: int, batch: Any) -> dict[str, float]:
         """The kept rows' tokens by staleness (training step - 1 - the weight version that sampled them), the kept
         groups dispatched at an earlier step, and the groups left running for the next step.
 
@@ -159,7 +160,7 @@ class OverSampleReplayBuffer(ReplayBuffer):
         metrics = {f"{CARRY_PREFIX}staleness/{age}": count for age, count in sorted(staleness.items())}
         metrics[f"{CARRY_PREFIX}groups_resumed"] = len(resumed)
         metrics[f"{CARRY_PREFIX}tokens_trained"] = sum(count for age, count in staleness.items() if age > 0)
-        metrics[f"{CARRY_PREFIX}groups_carried"] = carried
+        metrics[f"{CARRY_PREFIX}groups_carried"] = self.carried
         return metrics
 
     def _sampleable_terminal_keys(self, partition_id: str, eviction_reasons: Any) -> set[str]:
