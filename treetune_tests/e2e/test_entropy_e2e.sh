@@ -110,7 +110,7 @@ fi
 # `make e2e STACK=current`). On the current stack the block also names the actor entry point (external_lib): verl 0.9.1
 # builds the servers before it loads the block's manager, and that module selects the entropy server
 # (treetune_verl/trainer/v0_9_1/process_setup.py). Over-sampling adds its replay buffer there (and carry-over fetches
-# the fresh prompts one at a time); failed rows aborted, the forecast and managed agents are refused there so far.
+# the fresh prompts one at a time); the forecast and managed agents are refused there so far.
 VERL_VERSION=$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("verl"))')
 case "$VERL_VERSION" in
     0.7.1) STACK=pinned ;;

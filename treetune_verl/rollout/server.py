@@ -4,7 +4,7 @@
 
 First stop of the verl side: sglang's ``meta_info["output_token_entropy"]`` becomes ``EntropyTokenOutput.entropy``.
 
-``EntropySGLangHttpServer`` differs from verl's ``SGLangHttpServer`` in three places:
+``EntropySGLangHttpServer`` differs from verl's ``SGLangHttpServer`` in four places:
   - ``launch_server`` refuses settings under which entropy would be missing or misaligned, then turns entropy
     extraction on in this process (:func:`treetune_verl.sglang.engine.install`: configuration exported for the
     spawned scheduler, ``custom_run_scheduler_process`` injected, TokenizerManager patched) and calls the parent.
@@ -17,10 +17,14 @@ First stop of the verl side: sglang's ``meta_info["output_token_entropy"]`` beco
   - ``abort_sessions`` aborts every request of the given trajectories (session prefixes, :mod:`.session`) inside
     sglang's scheduler, and answers their later turns at once with an empty ``"abort"`` output until
     ``forget_sessions``: a scoped abort, not verl's global ``abort_all_requests`` / pause.
+  - ``abort_all_requests`` (verl's pause, carry-over on verl 0.9.1 calls it every step) returns once the running
+    requests have ended instead of a second later (sglang's poll).
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 from verl.workers.rollout.replica import get_rollout_replica_class
@@ -35,6 +39,11 @@ from treetune_verl.sglang.tokenizer_patches import META_INFO_ENTROPY_KEY
 # set; importing async_sglang_server first would skip that and fail where vLLM is not installed.
 SGLangReplica = get_rollout_replica_class("sglang")
 from verl.workers.rollout.sglang_rollout.async_sglang_server import SGLangHttpServer  # noqa: E402
+
+# sglang's pause polls whether requests still run every 1.0 s (tokenizer_manager.py pause_generation); ours polls
+# this often, for at most that second.
+PAUSE_POLL_S = 0.01
+PAUSE_WAIT_S = 1.0
 
 
 class _NoOutputTokens(Exception):
@@ -186,7 +195,9 @@ class EntropySGLangHttpServer(SGLangHttpServer):
         ``"abort"``. One ``AbortReq`` per session goes to the scheduler, which matches rids by prefix
         (``scheduler.py`` ``abort_request``); sglang's own ``TokenizerManager.abort_request`` cannot be used, it
         drops any rid it does not hold exactly. A turn still being tokenised when the abort arrives runs to its
-        end (its row is discarded by the caller all the same).
+        end (its row is discarded by the caller all the same). The messages are separate, so a queued request the
+        scheduler admits between two of them (a running one aborted just before freed its slot) comes back with the
+        few tokens it decoded, still ``"abort"``.
         """
         from sglang.srt.managers.io_struct import AbortReq
 
@@ -199,6 +210,24 @@ class EntropySGLangHttpServer(SGLangHttpServer):
     async def forget_sessions(self, sessions: list[str]) -> None:
         """Drop these sessions from the aborted set (the step that aborted them is over)."""
         self._aborted_sessions.difference_update(sessions)
+
+    async def abort_all_requests(self) -> None:
+        """verl's pause (sglang's ``pause_generation(mode="abort")``: every request aborted, later ones held until
+        ``resume_generation``), without its idle second.
+
+        sglang aborts every request, then sleeps 1.0 s whenever one still runs at its check, which it always does
+        right after the abort (the request ends at the scheduler's next iteration): a second on the trainer's path at
+        every pause. Here the requests are aborted first and awaited at a 10 ms poll (at most a second); sglang's
+        pause then finds none running and returns at its first check. A request arriving in between is aborted by
+        sglang's pause as before.
+        """
+        manager = self.tokenizer_manager
+        if getattr(self, "node_rank", 0) == 0:  # verl 0.9.1: only the first node's server serves control calls
+            manager.abort_request(abort_all=True)
+            deadline = time.monotonic() + PAUSE_WAIT_S
+            while await manager.model_update_lock.is_locked() and time.monotonic() < deadline:
+                await asyncio.sleep(PAUSE_POLL_S)
+        await super().abort_all_requests()
 
     async def aborted_session_count(self) -> int:
         """How many aborted sessions this server still remembers (0 between steps)."""

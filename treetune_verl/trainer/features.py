@@ -210,8 +210,7 @@ def check_over_sample_config(config: Any) -> None:
             know) or a critic; the actor's loss fix not loaded (``external_lib``); verl's new worker implementation or
             routing replay, which the fixes do not cover.
     """
-    rate = over_sample_rate(OmegaConf.select(config, ROLLOUT, default=None) or {})
-    what = f"{RATE_KEY} > 0" if rate > 0 else f"{FAILED_ROWS_KEY}=true"  # the key that makes rows abort
+    what = _aborting_key(config)
     unknown = "not checked with aborted rows (score 0, empty response)"
     _require_exact(what, ESTIMATOR_KEY, _estimator(config), ESTIMATORS_WITH_ABORTED_GROUPS, unknown)
     if _critic_on(config):
@@ -273,7 +272,6 @@ def check_current_stack(config: Any, verl_version: str) -> RunFeatures:
     features = RunFeatures.from_config(config, rollout_entropy=True)
     default_loop = OmegaConf.select(config, DEFAULT_LOOP_KEY, default=None)
     refused = {
-        f"failed rows aborted ({FAILED_ROWS_KEY})": features.abort_failed_rows,
         f"the live entropy forecast ({FORECAST_SECTION})": features.forecast is not None,
         f"managed agent sessions ({DEFAULT_LOOP_KEY}={MANAGED_LOOP})": default_loop == MANAGED_LOOP,
     }
@@ -294,7 +292,7 @@ def check_current_stack(config: Any, verl_version: str) -> RunFeatures:
             f"rollout entropy on verl {verl_version} supports {TRAINER_MODE_KEY} in {CURRENT_TRAINER_MODES}; got "
             f"{mode!r}"
         )
-    if features.over_sample_rate > 0:
+    if features.aborts_rows:
         check_current_over_sample_config(config, verl_version)
     if features.carry_over:
         check_carry_over_config(config, features)
@@ -309,14 +307,14 @@ def check_current_stack(config: Any, verl_version: str) -> RunFeatures:
 
 
 def check_current_over_sample_config(config: Any, verl_version: str) -> None:
-    """Refuse over-sampling on verl 0.9.1 without its replay buffer, in another trainer mode, or with settings that
-    verl's padding of the smaller batch would make wrong.
+    """Refuse over-sampling or failed rows aborted on verl 0.9.1 without the replay buffer, in another trainer mode, or
+    with settings that verl's padding of the smaller batch would make wrong.
 
     Raises:
         ValueError: naming the key (the replay buffer's two keys and values; the trainer mode; the estimator or loss
             mode, with the reason and the supported ones).
     """
-    what = f"over-sampling ({ROLLOUT}.{RATE_KEY} > 0) on verl {verl_version}"
+    what = f"over-sampling ({_aborting_key(config)}) on verl {verl_version}"
     sampler = {key: OmegaConf.select(config, f"{SAMPLER_KEY}.{key}", default=None) for key in ("path", "name")}
     if sampler != {"path": SAMPLER_PATH, "name": SAMPLER_NAME}:
         raise ValueError(
@@ -347,6 +345,12 @@ def check_current_over_sample_config(config: Any, verl_version: str) -> None:
     for key in loss_keys:
         loss_mode = OmegaConf.select(config, key, default="token-mean")
         _require_exact(what, key, loss_mode, LOSS_AGG_MODES_WITH_PADDING_ROWS, unknown)
+
+
+def _aborting_key(config: Any) -> str:
+    """The key that makes a run's rows abort: the over-sampling rate, else failed rows aborted."""
+    rate = over_sample_rate(OmegaConf.select(config, ROLLOUT, default=None) or {})
+    return f"{ROLLOUT}.{RATE_KEY} > 0" if rate > 0 else f"{FAILED_ROWS_KEY}=true"
 
 
 def _require_exact(what: str, key: str, value: str, table: dict[str, str | None], unknown: str) -> None:

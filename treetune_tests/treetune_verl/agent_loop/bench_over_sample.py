@@ -28,12 +28,9 @@ and each arm's median discarded share. One warm-up run per arm is not counted.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
-import os
-import platform
 import random
-import shlex
-import statistics
 import sys
 import tempfile
 import time
@@ -42,7 +39,6 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import torch
 from omegaconf import open_dict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # run as a script from anywhere
@@ -56,16 +52,15 @@ from treetune_tests.treetune_verl.agent_loop.test_carry_over_standalone_on_cpu i
     _carry_config,
     _trainer_prompts,
 )
-from treetune_tests.treetune_verl.sglang.bench_entropy_throughput import median_ci95  # noqa: E402
+from treetune_tests.treetune_verl.over_sample_arms import (  # noqa: E402
+    ARMS,
+    add_arm_arguments,
+    heavy_tailed_lengths,
+    run_record,
+    write_report,
+)
 from treetune_verl.agent_loop.carry_over import METRIC_PREFIX, CarryOver  # noqa: E402
 from treetune_verl.batch_keys import PENDING_METRICS_KEY, ROLLOUT_ABORTED_KEY  # noqa: E402
-
-ARMS = ("stock", "abort_drop", "groups", "carry")
-
-
-def heavy_tailed_lengths(count: int, rng: random.Random, alpha: float, minimum: int, cap: int) -> list[int]:
-    """``count`` response lengths from a Pareto(alpha) law with scale ``minimum``, capped at ``cap``."""
-    return [min(cap, int(minimum * rng.paretovariate(alpha))) for _ in range(count)]
 
 
 class DroppedTokens(CarryOver):
@@ -80,63 +75,9 @@ class DroppedTokens(CarryOver):
         return {METRIC_PREFIX + "tokens_generated": generated, METRIC_PREFIX + "tokens_discarded": discarded}
 
 
-def summarize(runs: list[dict]) -> dict:
-    """Per block, each arm's trained tokens per second over ``stock``'s and ``abort_drop``'s (medians, 95 % CI);
-    each arm's median seconds, trained tokens and discarded share."""
-    by_block = {(run["block"], run["arm"]): run for run in runs}
-    blocks = sorted({block for block, _ in by_block if all((block, arm) in by_block for arm in ARMS)})
-
-    def rate(block: int, arm: str) -> float:
-        run = by_block[(block, arm)]
-        return run["trained_tokens"] / run["seconds"]
-
-    summary: dict = {"blocks": len(blocks)}
-    for arm in ARMS:
-        arm_runs = [by_block[(block, arm)] for block in blocks]
-        summary[arm] = {
-            "median_seconds": statistics.median(r["seconds"] for r in arm_runs),
-            "median_trained_tokens": statistics.median(r["trained_tokens"] for r in arm_runs),
-            "median_trained_tokens_per_s": statistics.median(rate(b, arm) for b in blocks),
-            "median_discarded_share": statistics.median(r["discarded_share"] for r in arm_runs),
-        }
-        for base in ("stock", "abort_drop"):
-            if arm != base:
-                ratios = [rate(block, arm) / rate(block, base) for block in blocks]
-                summary[arm][f"trained_tokens_per_s_vs_{base}"] = {
-                    "median": statistics.median(ratios),
-                    "ci95": list(median_ci95(ratios)),
-                }
-    return summary
-
-
-def describe(summary: dict) -> str:
-    lines = [f"{summary['blocks']} blocks:"]
-    for arm in ARMS:
-        s = summary[arm]
-        line = (
-            f"  {arm:10s} {s['median_seconds']:6.2f} s, {s['median_trained_tokens_per_s']:7.1f} trained tokens/s, "
-            f"discarded {100 * s['median_discarded_share']:5.1f} %"
-        )
-        for base in ("stock", "abort_drop"):
-            ratio = s.get(f"trained_tokens_per_s_vs_{base}")
-            if ratio is not None:
-                line += f"; vs {base} x{ratio['median']:.3f} [{ratio['ci95'][0]:.3f}, {ratio['ci95'][1]:.3f}]"
-        lines.append(line)
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--blocks", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=4, help="steps per run")
-    parser.add_argument("--groups", type=int, default=8, help="prompts per step")
-    parser.add_argument("--n", type=int, default=4, help="rows per prompt (rollout.n)")
-    parser.add_argument("--rate", type=float, default=0.25, help="over_sample_rate of the three over-sampling arms")
-    parser.add_argument("--max-staleness", type=int, default=2)
-    parser.add_argument("--alpha", type=float, default=1.0, help="Pareto tail index (smaller: heavier tail)")
-    parser.add_argument("--min-tokens", type=int, default=16)
-    parser.add_argument("--response-length", type=int, default=768)
-    parser.add_argument("--seed", type=int, default=0)
+    add_arm_arguments(parser, steps=4)
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "outputs" / "bench" / "over_sample.json")
     args = parser.parse_args(argv)
 
@@ -194,16 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             pending = sum(
                 len(row) for group in manager.carry_over._groups.values() for row in group.rows if row is not None
             )
-            return {
-                "arm": arm,
-                "seconds": seconds,
-                "trained_tokens": trained,
-                "generated_tokens": generated,
-                "discarded_tokens": discarded,
-                "carried_at_end_tokens": pending,
-                "discarded_share": discarded / generated if generated else 0.0,
-                "load1": os.getloadavg()[0],
-            }
+            return run_record(arm, seconds, trained, generated, discarded, pending)
 
         warm = [prompts("warm", step) for step in range(args.steps)]
         for arm in ARMS:  # warm-up, not counted: the engine's first batches
@@ -217,23 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append({"block": block, **run(arm, stream)})
                 print(json.dumps(runs[-1]), flush=True)
 
-    summary = summarize(runs)
-    report = {
-        "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
-        "args": {k: str(v) for k, v in vars(args).items()},
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "torch": torch.__version__,
-            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-            "ended_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        },
-        "summary": summary,
-        "runs": runs,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
-    print(f"{describe(summary)}\n-> {args.out}")
+    write_report(args, runs, started, {"verl": importlib.metadata.version("verl")})
     return 0
 
 

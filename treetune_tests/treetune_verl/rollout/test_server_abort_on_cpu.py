@@ -68,7 +68,9 @@ async def test_abort_sessions_cuts_exactly_the_named_trajectories(tiny_model_dir
         await asyncio.sleep(0.1 * full_s)
         assert not a.done() and not b.done()
         t0 = time.monotonic()
-        await server.abort_sessions([running, queued])
+        # the queued session first: its AbortReq reaches the scheduler before the running one frees the slot (one
+        # message per session, so in the other order the scheduler may admit `b` in between; see abort_sessions)
+        await server.abort_sessions([queued, running])
         a_out, b_out = await asyncio.wait_for(asyncio.gather(a, b), timeout=30)
         abort_latency = time.monotonic() - t0
         other_out, later_out = await asyncio.wait_for(asyncio.gather(other, later), timeout=60)
@@ -112,3 +114,46 @@ async def test_abort_sessions_refuses_a_request_id(tiny_model_dir, isolated_env)
         await server.abort_sessions([turn_request_id(new_session_id())])
     with pytest.raises(ValueError, match="not a session prefix"):
         await server.abort_sessions([uuid4().hex])
+
+
+@pytest.mark.engine
+async def test_pause_returns_once_the_running_requests_have_ended(tiny_model_dir, isolated_env):
+    """verl's pause (``abort_all_requests``, carry-over on verl 0.9.1 calls it at every step) with a request decoding:
+    sglang's own pause is entered with no request running, so it returns at its first check instead of polling a
+    second later (without our override it is entered at once, a request running); the request comes back
+    ``"abort"`` with its partial tokens, not marked ``session_aborted``; a request sent while paused waits and runs
+    after ``resume_generation``."""
+    server = _server(tiny_model_dir)
+    running_at_sglang_pause = []
+    try:
+        await server.launch_server()
+        await server.generate(PROMPT, {**LONG, "max_new_tokens": 4}, uuid4().hex)  # warm-up
+        manager = server.tokenizer_manager
+        sglang_pause = manager.pause_generation
+
+        async def pause_generation(obj):  # on the real TokenizerManager instance: what sglang's pause finds
+            running_at_sglang_pause.append(await manager.model_update_lock.is_locked())
+            return await sglang_pause(obj)
+
+        manager.pause_generation = pause_generation
+        running = asyncio.create_task(server.generate(PROMPT, dict(LONG), turn_request_id(new_session_id())))
+        while not await manager.model_update_lock.is_locked():  # admitted
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)  # decoding
+        t0 = time.monotonic()
+        await server.abort_all_requests()
+        pause_s = time.monotonic() - t0
+        out = await asyncio.wait_for(running, timeout=30)
+        held = asyncio.create_task(server.generate(PROMPT, {**LONG, "max_new_tokens": 5}, uuid4().hex))
+        await asyncio.sleep(0.3)
+        held_while_paused = not held.done()
+        await server.resume_generation()
+        held_out = await asyncio.wait_for(held, timeout=60)
+    finally:
+        await stop_server(server)
+
+    print(f"pause with a request decoding: {pause_s * 1e3:.0f} ms; cut at {len(out.token_ids)} tokens")
+    assert running_at_sglang_pause == [False]
+    assert out.stop_reason == "abort" and 0 < len(out.token_ids) < RESPONSE_LENGTH and not out.session_aborted
+    _well_formed(out)
+    assert held_while_paused and held_out.stop_reason == "length" and len(held_out.token_ids) == 5

@@ -12,7 +12,8 @@ step with ``rollout.over_sample_rate = r > 0`` it
 1. waits, through verl's own ``sample``, for ``target = ceil((1 - r) * groups)`` finished groups
    (:func:`~treetune_verl.trainer.features.completion_target`) and takes them: whole groups, by construction. A
    group one of whose rows raised (verl marks it ``failure`` and would train it without that row) is never taken;
-   if failures leave fewer than ``target`` groups that can still finish, the step stops with an error naming them;
+   if failures leave fewer than ``target`` groups that can still finish, the step stops with an error naming them,
+   or, with failed rows aborted (``rollout.custom.over_sample.abort_failed_rows=true``), takes those that finish;
 2. aborts every other group of the step on the policy's servers, by the session its uid names
    (:func:`~treetune_verl.rollout.session.group_session_id`; the workers send each training turn under it,
    ``agent_loop/over_sample_worker_tq.py``): running turns stop, queued and later turns come back at once, empty;
@@ -21,8 +22,10 @@ step with ``rollout.over_sample_rate = r > 0`` it
 
 The aborted groups never reach the trainer: every estimator, the critic and the loss see verl's batch of whole groups,
 smaller than ``train_batch_size``, which verl pads to its mini-batch multiple with its own padding rows
-(``_balance_batch``; what that means per estimator and loss mode: ``ppo/advantage.py``). Validation batches and
-``r = 0`` are verl's ``sample`` unchanged. Metrics (the step's, through verl's ``sample`` result):
+(``_balance_batch``; what that means per estimator and loss mode: ``ppo/advantage.py``). With failed rows aborted and
+``r = 0`` the target is every group: the step waits for all of them, trains the whole ones and drops the failed ones
+(verl would train them without the rows that raised). Validation batches, and ``r = 0`` without it, are verl's
+``sample`` unchanged. Metrics (the step's, through verl's ``sample`` result):
 ``rollout/kept_groups``, ``rollout/aborted_groups``, ``rollout/aborted_rows`` (rows that had started, finished rows
 of a dropped group included), ``rollout/aborted_ratio`` (of the step's rows), ``rollout/failed_groups`` (aborted ones with a row that
 raised), ``rollout/aborted_tokens`` (the tokens those rows had), ``rollout/abort_wait_s`` (from the target to the
@@ -42,6 +45,7 @@ ago).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from typing import Any
@@ -51,7 +55,7 @@ import ray
 from treetune_verl.batch_keys import TOKEN_GLOBAL_STEPS_KEY
 from treetune_verl.rollout.session import group_session_id
 from treetune_verl.timing import OVER_SAMPLING, SECONDS
-from treetune_verl.trainer.features import SAMPLER_NAME, RunFeatures, completion_target
+from treetune_verl.trainer.features import FAILED_ROWS_KEY, SAMPLER_NAME, RunFeatures, completion_target
 from treetune_verl.trainer.v0_9_1.process_setup import policy_server_manager
 from treetune_verl.verl_guard import VERL_CURRENT
 
@@ -64,8 +68,17 @@ __all__ = ["OverSampleReplayBuffer", "POLL_S"]
 # verl polls TransferQueue every 2 s; the step's tail is what over-sampling cuts, so it looks more often (one
 # metadata listing per poll, no row data).
 POLL_S = 0.1
+logger = logging.getLogger(__name__)
 METRIC_PREFIX = "rollout/"
 CARRY_PREFIX = "rollout/carry_over/"  # the pinned stack's names (agent_loop/carry_over.py)
+
+
+class _TargetOutOfReach(Exception):
+    """Failed groups leave only ``reachable`` groups of the step able to finish (failed rows aborted)."""
+
+    def __init__(self, reachable: int) -> None:
+        super().__init__(reachable)
+        self.reachable = reachable
 
 
 class OverSampleReplayBuffer(ReplayBuffer):
@@ -92,12 +105,12 @@ class OverSampleReplayBuffer(ReplayBuffer):
     def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[Any, dict]:
         """verl's ``sample`` of ``target`` groups, the step's other groups aborted and removed (with carry-over: the
         stale and failed ones only, the others left running); see the module."""
-        rate = self._features().over_sample_rate
-        if partition_id != "train" or rate == 0:
+        features = self._features()
+        if partition_id != "train" or not features.aborts_rows:
             return super().sample(global_steps, partition_id, batch_size)
-        self._target = completion_target(rate, batch_size)
+        self._target = completion_target(features.over_sample_rate, batch_size)
         try:
-            batch, metrics = super().sample(global_steps, partition_id, self._target)
+            batch, metrics = self._sample_target(global_steps, partition_id)
         finally:
             self._target = None
         started = len(batch)  # the kept groups' rows
@@ -105,13 +118,19 @@ class OverSampleReplayBuffer(ReplayBuffer):
         with SECONDS.timed(OVER_SAMPLING):  # our seconds of the step (timing.py): waiting for the target is verl's
             self._sync_metadata_from_transfer_queue()
             others = self._groups(partition_id)
-            dropped = others
-            if self._features().carry_over:
+            dropped, self.carried = others, 0
+            if features.carry_over:
                 dropped = self._stale_groups(global_steps, partition_id, others) | self.failure_keys[partition_id]
-            self.carried = len(others - dropped)
-            if self._features().carry_over:
+                self.carried = len(others - dropped)
                 metrics.update(self._carry_metrics(global_steps, batch))
             failed, rows, tokens = self._abort_groups(partition_id, dropped)
+        if failed:
+            logger.warning(
+                "step %d: %d group(s) dropped, a row of each raised in its agent loop (tracebacks in the agent-loop "
+                "workers' log)",
+                global_steps,
+                len(failed),
+            )
         metrics.update(
             {
                 f"{METRIC_PREFIX}kept_groups": len({key.split("_")[0] for key in batch.keys}),
@@ -124,6 +143,15 @@ class OverSampleReplayBuffer(ReplayBuffer):
             }
         )
         return batch, metrics
+
+    def _sample_target(self, global_steps: int, partition_id: str) -> tuple[Any, dict]:
+        """verl's ``sample`` of ``self._target`` groups; with failed rows aborted, of fewer when failures leave fewer
+        able to finish."""
+        while True:
+            try:
+                return super().sample(global_steps, partition_id, self._target)
+            except _TargetOutOfReach as out_of_reach:
+                self._target = out_of_reach.reachable
 
     def _features(self) -> RunFeatures:
         """The run's features, from the config the policy's servers were built with (the trainer's)."""
@@ -167,18 +195,29 @@ class OverSampleReplayBuffer(ReplayBuffer):
         """verl's sampleable groups, less the failed ones while over-sampling (a failed group is not whole).
 
         Raises:
-            RuntimeError: failed groups leave fewer than the target groups that can still finish.
+            RuntimeError: failed groups leave fewer than the target groups that can still finish (with failed rows
+                aborted: none).
+            _TargetOutOfReach: with failed rows aborted, fewer than the target can finish: ``sample`` takes those.
         """
         sampleable = super()._sampleable_terminal_keys(partition_id, eviction_reasons)
         if self._target is None:
             return sampleable
         failed = self.failure_keys[partition_id]
         sampleable = sampleable - failed
-        if len(sampleable) + len(self._open_groups(partition_id)) < self._target:
-            raise RuntimeError(
-                f"over-sampling: {len(failed)} group(s) of this step had a row whose agent loop raised (see the "
-                f"agent-loop workers' log), so fewer than the target {self._target} whole groups can finish"
+        reachable = len(sampleable) + len(self._open_groups(partition_id))
+        if reachable < self._target:
+            raised = (
+                f"{len(failed)} group(s) of this step had a row whose agent loop raised (tracebacks in the agent-loop "
+                "workers' log)"
             )
+            if not self._features().abort_failed_rows:
+                raise RuntimeError(
+                    f"over-sampling: {raised}, so fewer than the target {self._target} whole groups can finish (set "
+                    f"{FAILED_ROWS_KEY}=true to train the groups that finish)"
+                )
+            if reachable == 0:
+                raise RuntimeError(f"every group of this step failed: {raised}; nothing to train")
+            raise _TargetOutOfReach(reachable)
         return sampleable
 
     def _token_steps(self, batch: Any) -> list[int | None]:

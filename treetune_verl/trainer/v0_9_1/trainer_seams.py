@@ -34,6 +34,10 @@ the advantages are in TransferQueue after it)      (``ppo/entropy_advantage.py``
                                                    ``abort_replicas``, as its ``colocate_async`` trainer does)
 ``PPOTrainerSync.on_step_end`` (``:35``; the     1. carry-over: the new weight version, then
 weights are updated after it)                      ``resume_generation_replicas``: the carried turns go on
+``PPOTrainer._submit_batch_to_rollout``         instead of verl's sync branch, with carry-over: verl's async
+(``:1496``), ``_save_checkpoint`` (``:948``),      branch (each prompt's data kept in TransferQueue, TransferQueue
+``_reissue_inflight_prompts`` (``:910``)           saved at a checkpoint, in-flight groups re-issued at the start)
+``PPOTrainer._load_checkpoint`` (``:850``)       the same, then the restored groups counted as carried
 ==============================================  =================================================================
 
 Metric names are the pinned stack's (``timing_s/agent_loop/rollout_entropy/{mean,p50,p90,max,rows_without_entropy}``
@@ -72,6 +76,8 @@ _COMPUTE_OLD_LOG_PROB_PARAMS = ("self", "batch", "metrics")
 _COMPUTE_ADVANTAGE_PARAMS = ("self", "batch", "metrics")
 _SELF = ("self",)  # prepare_step, _validate; PPOTrainerSync (trainer_sync.py) on_init_end, on_sample_end, on_step_end
 _COMPUTE_METRICS_PARAMS = ("self", "batch", "metrics", "timing_raw", "global_steps", "epoch")
+_SUBMIT_BATCH_PARAMS = ("self", "batch")
+_REISSUE_PARAMS = ("self", "partition_id")  # _save_checkpoint, _load_checkpoint: _SELF
 
 
 def _padded(rows: list[torch.Tensor]) -> torch.Tensor:
@@ -303,6 +309,39 @@ def _wrap_on_step_end(original):
     return on_step_end
 
 
+# verl 0.9.1 keeps in-flight prompt groups across a checkpoint in its async trainer modes only (``trainer_mode !=
+# "sync"`` in ``_submit_batch_to_rollout``: each prompt's data persisted in TransferQueue; ``_save_checkpoint`` /
+# ``_load_checkpoint``: TransferQueue saved and restored; ``_reissue_inflight_prompts``: pending and running groups
+# restarted from their prompt data when ``fit`` starts). With carry-over a sync step leaves groups in flight too, so
+# those four run verl's async branch: the mode they see for the call.
+_ASYNC_BRANCH_MODE = "colocate_async"
+
+
+def _wrap_in_async_branch(original):
+    def method(self, *args, **kwargs):
+        # 1. carry-over: verl's async branch keeps the carried groups across a checkpoint (above)
+        if not _FEATURES.carry_over:
+            return original(self, *args, **kwargs)
+        with swapped(self, "trainer_mode", _ASYNC_BRANCH_MODE):
+            return original(self, *args, **kwargs)
+
+    return method
+
+
+def _wrap_load_checkpoint(original):
+    in_async_branch = _wrap_in_async_branch(original)
+
+    def _load_checkpoint(self):
+        # 1. carry-over: verl's async branch restores TransferQueue (above); the restored groups, finished ones and
+        #    the in-flight ones fit re-issues, take slots of the next step's batch
+        result = in_async_branch(self)
+        if _FEATURES.carry_over:
+            self.replay_buffer.carried = self._restored_tq_prompt_count
+        return result
+
+    return _load_checkpoint
+
+
 # The run's features, from the trainer's config (install); a process trains one run.
 _FEATURES = RunFeatures()
 
@@ -325,6 +364,10 @@ def install(features: RunFeatures) -> None:
         Wrap(trainer, "_compute_advantage", _wrap_compute_advantage, _COMPUTE_ADVANTAGE_PARAMS),
         Wrap(trainer, "_validate", _wrap_validate, _SELF),
         Wrap(trainer, "_compute_metrics", _wrap_compute_metrics, _COMPUTE_METRICS_PARAMS),
+        Wrap(trainer, "_submit_batch_to_rollout", _wrap_in_async_branch, _SUBMIT_BATCH_PARAMS),
+        Wrap(trainer, "_save_checkpoint", _wrap_in_async_branch, _SELF),
+        Wrap(trainer, "_load_checkpoint", _wrap_load_checkpoint, _SELF),
+        Wrap(trainer, "_reissue_inflight_prompts", _wrap_in_async_branch, _REISSUE_PARAMS),
         Wrap(sync, "on_init_end", _wrap_on_init_end, _SELF),
         Wrap(sync, "on_sample_end", _wrap_on_sample_end, _SELF),
         Wrap(sync, "on_step_end", _wrap_on_step_end, _SELF),

@@ -70,14 +70,21 @@ def test_features_not_on_verl_0_9_1_yet_are_refused_before_any_server(name, proc
         _manager(config)
 
 
-def test_failed_rows_aborted_are_refused_before_any_server(process_setup, tiny_model_dir, tmp_path):
+def test_failed_rows_aborted_start_with_the_replay_buffer_and_are_refused_without(
+    process_setup, tiny_model_dir, tmp_path
+):
+    """``abort_failed_rows=true`` without over-sampling runs in the same replay buffer (rate 0: every whole group)."""
     overrides = [
         *_command_line(("over_sampling",), tiny_model_dir, tmp_path),
         "actor_rollout_ref.rollout.over_sample_rate=0",
         "+actor_rollout_ref.rollout.custom.over_sample.abort_failed_rows=true",
     ]
-    with pytest.raises(ValueError, match="failed rows aborted .*abort_failed_rows.* does not run on verl 0.9.1 yet"):
-        _manager(_compose(overrides))
+    features = check_current_stack(_compose(overrides), "0.9.1")
+    assert features.abort_failed_rows and features.over_sample_rate == 0
+    _manager(_compose(overrides))  # not refused
+    without_buffer = [*overrides, "trainer.v1.sampler.custom_sampler.name=null"]
+    with pytest.raises(ValueError, match="over-sampling .*abort_failed_rows=true.* on verl 0.9.1 runs in its replay"):
+        _manager(_compose(without_buffer))
 
 
 def test_over_sampling_starts_on_verl_0_9_1_with_its_replay_buffer(process_setup, tiny_model_dir, tmp_path):

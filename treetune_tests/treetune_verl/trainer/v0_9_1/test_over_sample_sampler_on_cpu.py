@@ -10,7 +10,8 @@ rows' weight versions its ``_token_steps``.
 
 verl marks a group ``failure`` when one of its rows raised and would train it without that row: over-sampling keeps
 whole groups only, so a failed group is never taken (even when it ended first), it is aborted and removed with the
-others, and a step whose failures leave fewer groups than the target can finish stops with an error. With carry-over
+others, and a step whose failures leave fewer groups than the target can finish stops with an error, or, with failed
+rows aborted (``abort_failed_rows``, also without over-sampling), trains the whole groups that finish. With carry-over
 only the groups too stale for the next step and the failed ones go; the others stay, running.
 """
 
@@ -67,7 +68,7 @@ def _buffer(monkeypatch, statuses: dict[str, str], partition: str = "train", **f
         forgotten: list[str] = []
 
         def _features(self) -> RunFeatures:
-            return RunFeatures(over_sample_rate=0.5, **features)
+            return RunFeatures(**{"over_sample_rate": 0.5, **features})
 
         def _token_steps(self, batch):  # the kept rows' weight versions (extra_fields): 3 tokens per row, of step 0
             return [0] * 3 * len(batch)
@@ -108,16 +109,43 @@ def test_a_failed_group_is_never_kept_and_is_removed_with_the_aborted_ones(monke
 
 def test_failures_that_leave_too_few_groups_stop_the_step_by_name(monkeypatch):
     buffer, _ = _buffer(monkeypatch, {"a": "failure", "b": "failure", "c": "failure", "d": "running"})
-    with pytest.raises(RuntimeError, match="3 group.* had a row whose agent loop raised .* target 2 whole groups"):
+    with pytest.raises(RuntimeError, match="3 group.* agent loop raised .* target 2 whole groups .*abort_failed_rows"):
         buffer.sample(global_steps=1, partition_id="train", batch_size=4)
 
 
+def test_failed_rows_aborted_without_over_sampling_train_the_whole_groups_and_drop_the_failed(monkeypatch):
+    """Rate 0, ``abort_failed_rows``: the target is every group; a failed one cannot finish whole, so the step trains
+    the others and drops it (verl would train it without the row that raised)."""
+    statuses = {"a": "failure", "b": "finished", "c": "finished"}
+    buffer, store = _buffer(monkeypatch, statuses, over_sample_rate=0.0, abort_failed_rows=True)
+    batch, metrics = buffer.sample(global_steps=1, partition_id="train", batch_size=3)
+    assert sorted(batch.keys) == [f"{g}_{s}_0" for g in "bc" for s in range(N)]
+    assert sorted(store.tags) == sorted(batch.keys)  # a and its row gone
+    assert metrics["rollout/aborted_groups"] == metrics["rollout/failed_groups"] == 1
+    assert metrics["rollout/kept_groups"] == 2 and metrics["rollout/aborted_rows"] == N - 1
+
+
+def test_failed_rows_aborted_train_what_finishes_when_failures_leave_fewer_than_the_target(monkeypatch):
+    """Rate 0.5 (target 2 of 4) with 3 failed groups: the step trains the one whole group instead of stopping; with
+    every group failed it stops, saying so."""
+    statuses = {"a": "failure", "b": "failure", "c": "failure", "d": "finished"}
+    buffer, _ = _buffer(monkeypatch, statuses, abort_failed_rows=True)
+    batch, metrics = buffer.sample(global_steps=1, partition_id="train", batch_size=4)
+    assert sorted(batch.keys) == [f"d_{s}_0" for s in range(N)]
+    assert metrics["rollout/failed_groups"] == 3 and metrics["rollout/kept_groups"] == 1
+    buffer, _ = _buffer(monkeypatch, {"a": "failure", "b": "failure"}, abort_failed_rows=True)
+    with pytest.raises(RuntimeError, match="every group of this step failed: 2 group"):
+        buffer.sample(global_steps=1, partition_id="train", batch_size=2)
+
+
 def test_validation_and_rate_zero_are_verls_sample(monkeypatch):
-    """A validation batch keeps every group, failed ones included (verl's behaviour), and aborts nothing."""
-    buffer, _ = _buffer(monkeypatch, {"a": "failure", "b": "finished"}, partition="val")
-    batch, metrics = buffer.sample(global_steps=1, partition_id="val", batch_size=2)
-    assert buffer.aborted == [] and "rollout/aborted_groups" not in metrics
-    assert len(batch.keys) == 2 * N - 1
+    """A validation batch, and a training batch at rate 0 without failed rows aborted, keep every group, failed ones
+    included (verl's behaviour), and abort nothing."""
+    for partition, rate in (("val", 0.5), ("train", 0.0)):
+        buffer, _ = _buffer(monkeypatch, {"a": "failure", "b": "finished"}, partition=partition, over_sample_rate=rate)
+        batch, metrics = buffer.sample(global_steps=1, partition_id=partition, batch_size=2)
+        assert buffer.aborted == [] and "rollout/aborted_groups" not in metrics
+        assert len(batch.keys) == 2 * N - 1
 
 
 def test_carry_over_drops_only_the_stale_and_failed_groups_and_leaves_the_others_running(monkeypatch):

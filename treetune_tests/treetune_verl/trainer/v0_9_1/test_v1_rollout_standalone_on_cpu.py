@@ -105,8 +105,9 @@ def _config(model_path, workdir, loops=(), overrides=(), response_length=RESPONS
     return config
 
 
-def _prompts(names: list[str], contents: list[str] | None = None, global_steps: int = 1):
-    """One prompt per loop name, as the V1 trainer hands them to the manager (a fresh ``uid`` each)."""
+def _prompts(names: list[str], contents: list[str] | None = None, global_steps: int = 1, rollout_n: int | None = None):
+    """One prompt per loop name, as the V1 trainer hands them to the manager (a fresh ``uid`` each); ``rollout_n``:
+    each prompt's rows instead of ``rollout.n`` (verl's per-prompt ``__rollout_n__``, agent_loop_tq.py)."""
     from verl.utils import tensordict_utils as tu
 
     n = len(names)
@@ -122,8 +123,23 @@ def _prompts(names: list[str], contents: list[str] | None = None, global_steps: 
             "uid": np.array([str(uuid.uuid4()) for _ in range(n)], dtype=object),
         }
     )
+    if rollout_n is not None:
+        batch["__rollout_n__"] = torch.full((n,), rollout_n)  # a row's 0-d tensor is an index (range(n))
     tu.assign_non_tensor_data(batch, "global_steps", global_steps)
     return batch
+
+
+def _dispatch(manager, names: list[str], contents: list[str] | None = None, global_steps: int = 1, rollout_n=None):
+    """As the V1 trainer dispatches (``_submit_batch_to_rollout``): the prompts (:func:`_prompts`) registered
+    ``pending`` in TransferQueue, then handed to ``manager``; their uids, in order."""
+    import transfer_queue as tq
+
+    prompts = _prompts(names, contents, global_steps=global_steps, rollout_n=rollout_n)
+    uids = list(prompts["uid"])
+    tags = [{"is_prompt": True, "status": "pending", "global_steps": global_steps} for _ in uids]
+    tq.kv_batch_put(keys=uids, partition_id="train", tags=tags)
+    manager.generate_sequences(prompts)
+    return uids
 
 
 def _wait_for_rows(tq, uids: list[str]) -> dict[str, dict]:
@@ -177,11 +193,7 @@ def test_v1_rollout_real_engine_matches_hf(tiny_model_dir, tmp_path, monkeypatch
     config = _config(model_path, tmp_path / "cfg", overrides=["actor_rollout_ref.rollout.n=1"])
     with _v1_rollout(config, monkeypatch) as (session, servers, replica, manager):
         assert type(replica).__name__ == "EntropySGLangReplica" and replica.rollout_mode.value == "standalone"
-        prompts = _prompts(NAMES)
-        uids = list(prompts["uid"])
-        tags = [{"is_prompt": True, "status": "pending", "global_steps": 1} for _ in uids]
-        tq.kv_batch_put(keys=uids, partition_id="train", tags=tags)
-        manager.generate_sequences(prompts)
+        uids = _dispatch(manager, NAMES)
         rows = _wait_for_rows(tq, uids)
         keys = [f"{uid}_0_0" for uid in uids]  # one session (n=1), one output each
         assert sorted(rows) == sorted(keys), sorted(rows)
@@ -245,6 +257,20 @@ def _buffer_class():
     return RecordingBuffer
 
 
+def _sync_buffer(buffer_class=None):
+    """Our replay buffer (or ``buffer_class``) as verl 0.9.1's sync trainer builds it (``_build_replay_buffer``, with
+    no off-policy bound)."""
+    from treetune_verl.trainer.v0_9_1.over_sample_sampler import OverSampleReplayBuffer
+
+    return (buffer_class or OverSampleReplayBuffer)(
+        trainer_mode="sync",
+        trainer_config={},
+        max_off_policy_threshold=None,
+        max_off_policy_strategy="drop",
+        sampler_kwargs={},
+    )
+
+
 @pytest.mark.engine
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU variant (declared GPU, CPU engine settings)")
@@ -290,19 +316,9 @@ def test_v1_over_sampling_trains_the_first_whole_groups_and_aborts_the_rest(tiny
     kept_rows = []
     with _v1_rollout(config, monkeypatch) as (session, servers, replica, manager):
         assert all("OverSamplingAgentLoopWorkerTQ" in repr(w) for w in manager.agent_loop_workers)
-        buffer = _buffer_class()(
-            trainer_mode="sync",
-            trainer_config={},
-            max_off_policy_threshold=None,
-            max_off_policy_strategy="drop",
-            sampler_kwargs={},
-        )
+        buffer = _sync_buffer(_buffer_class())
         for step in (1, 2):
-            prompts = _prompts(list(names), list(contents), global_steps=step)
-            uids = dict(zip(GROUPS, prompts["uid"], strict=True))
-            tags = [{"is_prompt": True, "status": "pending", "global_steps": step} for _ in uids]
-            tq.kv_batch_put(keys=list(uids.values()), partition_id="train", tags=tags)
-            manager.generate_sequences(prompts)  # dispatches, as the V1 trainer does
+            uids = dict(zip(GROUPS, _dispatch(manager, list(names), list(contents), step), strict=True))
             buffer.removed.clear()
             batch, metrics = buffer.sample(global_steps=step, partition_id="train", batch_size=len(uids))
 
@@ -342,6 +358,63 @@ def test_v1_over_sampling_trains_the_first_whole_groups_and_aborts_the_rest(tiny
         print(f"kept row {i}: {len(response_ids)} tokens, |entropy - HF| {error:.2e}")
 
 
+# Failed rows aborted (verl 0.9.1): a row whose agent loop raises drops its group.
+FAILING_GROUPS = {  # group -> (loop, prompt); B's second row raises after its model turn
+    "A": ("entropy_single_turn_agent", "A: say something short"),
+    "B": ("fixed_length_agent", "B: tokens=8 fail=1"),
+    "C": ("entropy_single_turn_agent", "C: say something short"),
+}
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU variant (declared GPU, CPU engine settings)")
+def test_v1_a_failing_row_drops_its_group_with_failed_rows_aborted(tiny_model_dir, tmp_path, monkeypatch):
+    """``abort_failed_rows=true`` without over-sampling (rate 0), through the real rollout path and our buffer with
+    the run's own features (read from the servers' config): 3 groups of 2, one row of B raises after its model turn
+    (verl's worker marks B ``failure`` once both rows settled). The step trains A and C whole; B's finished row is
+    removed with its prompt and counted. The same step with the key off is verl's: B trains with the one row left."""
+    import dataclasses
+
+    import transfer_queue as tq
+
+    model_path = model_with_short_turns(tiny_model_dir, tmp_path / "tiny-short-turns")
+    overrides = [
+        f"actor_rollout_ref.rollout.n={N}",
+        "+actor_rollout_ref.rollout.custom.over_sample.abort_failed_rows=true",
+        f"{SAMPLER_KEY}.path={SAMPLER_PATH}",
+        f"{SAMPLER_KEY}.name={SAMPLER_NAME}",
+    ]
+    config = _config(model_path, tmp_path / "cfg", loops=[FIXED_LENGTH_LOOP], overrides=overrides)
+    names, contents = zip(*FAILING_GROUPS.values(), strict=True)
+    batches = []
+    with _v1_rollout(config, monkeypatch) as (session, servers, replica, manager):
+        buffer = _sync_buffer()
+        for step, failed_rows_aborted in ((1, True), (2, False)):
+            if not failed_rows_aborted:
+                buffer.features = dataclasses.replace(buffer.features, abort_failed_rows=False)
+            step_contents = [f"{c} step {step}" for c in contents]  # new texts: the loop counts rows per text
+            uids = dict(zip(FAILING_GROUPS, _dispatch(manager, list(names), step_contents, step), strict=True))
+            batch, metrics = buffer.sample(global_steps=step, partition_id="train", batch_size=len(uids))
+            listed = tq.kv_list(partition_id="train").get("train", {})
+            kept = sorted({g for g, uid in uids.items() for key in batch.keys if key.startswith(uid)})
+            rows = {g: sum(key.startswith(uids[g]) for key in batch.keys) for g in kept}
+            batches.append((kept, rows, metrics, sorted(listed) == sorted(batch.keys)))
+            tq.kv_clear(partition_id="train", keys=batch.keys)
+    assert not session.left, f"processes of the run left after ray.shutdown(): {session.left}"
+
+    (kept, rows, metrics, only_kept_left), (stock_kept, stock_rows, stock_metrics, _) = batches
+    assert buffer.features.over_sample_rate == 0
+    assert kept == ["A", "C"] and rows == {"A": N, "C": N}, (kept, rows)
+    assert only_kept_left, "B's finished row or its prompt left in TransferQueue"
+    assert metrics["rollout/failed_groups"] == metrics["rollout/aborted_groups"] == 1
+    assert metrics["rollout/aborted_rows"] == N - 1 and metrics["rollout/aborted_tokens"] == 8
+    # the key off: verl's own sample trains B without the row that raised
+    assert stock_kept == ["A", "B", "C"] and stock_rows["B"] == N - 1, (stock_kept, stock_rows)
+    assert "rollout/failed_groups" not in stock_metrics
+    print(f"B (1 of {N} rows raised) dropped, A and C kept whole; without the key B trains {stock_rows['B']} row")
+
+
 # Carry-over (verl 0.9.1): the third test.
 CARRY_TOLERANCE = 1e-4  # nats
 CARRY_LONG = 6 * RESPONSE_LENGTH  # a slow row: room for verl's per-row overhead of the kept group (prompt + 768 < 1024)
@@ -379,9 +452,11 @@ def _wait_until_decoding(address: str, requests: int, tokens: int) -> None:
 
 class _Trainer:
     """The attributes verl 0.9.1's sync trainer hooks read (``trainer_sync.py``, ``trainer_base.py prepare_step``),
-    over the real servers; the seams under test are the real wrapped methods, called on this object."""
+    over the real servers; the seams under test are the real wrapped methods, called on this object. A dispatch
+    takes the next of ``next_groups``, each a key of ``plans`` (group -> (loop, prompt)), with ``rollout_n`` rows
+    each (``None``: ``rollout.n``)."""
 
-    def __init__(self, config, servers, replica, buffer, manager, weights):
+    def __init__(self, config, servers, replica, buffer, manager, weights, plans=None, rollout_n=None):
         from types import SimpleNamespace
 
         self.config, self.llm_server_manager, self.replay_buffer = config, servers, buffer
@@ -398,6 +473,7 @@ class _Trainer:
             sleep_replicas=lambda: self.calls.append("sleep"),
         )
         self.next_groups: list[str] = []
+        self.plans, self.rollout_n = plans or CARRY_GROUPS, rollout_n
 
     def _replica_call(self, name: str) -> None:
         import asyncio
@@ -414,16 +490,11 @@ class _Trainer:
         self._add_prompts_to_generate(self.config.data.train_batch_size)
 
     def _add_prompts_to_generate(self, num_prompts: int) -> int:
-        import transfer_queue as tq
-
         groups, self.next_groups = self.next_groups[:num_prompts], self.next_groups[num_prompts:]
         assert len(groups) == num_prompts, f"asked for {num_prompts} prompts, the test planned {groups}"
-        names, contents = zip(*(CARRY_GROUPS[g] for g in groups), strict=True)
-        prompts = _prompts(list(names), list(contents), global_steps=self.global_steps)
-        self.dispatched.update(zip(groups, prompts["uid"], strict=True))
-        tags = [{"is_prompt": True, "status": "pending", "global_steps": self.global_steps} for _ in groups]
-        tq.kv_batch_put(keys=list(prompts["uid"]), partition_id="train", tags=tags)
-        self._manager.generate_sequences(prompts)
+        names, contents = zip(*(self.plans[g] for g in groups), strict=True)
+        uids = _dispatch(self._manager, list(names), list(contents), self.global_steps, self.rollout_n)
+        self.dispatched.update(zip(groups, uids, strict=True))
         return num_prompts
 
 
@@ -456,7 +527,6 @@ def test_v1_carry_over_resumes_a_group_under_new_weights_and_drops_a_stale_one(t
     from treetune_verl.batch_keys import TOKEN_GLOBAL_STEPS_KEY
     from treetune_verl.trainer.features import RunFeatures
     from treetune_verl.trainer.v0_9_1 import trainer_seams
-    from treetune_verl.trainer.v0_9_1.over_sample_sampler import OverSampleReplayBuffer
 
     w1 = model_with_short_turns(tiny_model_dir, tmp_path / "w1")
     w2 = other_weights(w1, tmp_path / "w2")
@@ -493,13 +563,7 @@ def test_v1_carry_over_resumes_a_group_under_new_weights_and_drops_a_stale_one(t
 
     rows = {}
     with _v1_rollout(config, monkeypatch) as (session, servers, replica, manager):
-        buffer = OverSampleReplayBuffer(
-            trainer_mode="sync",
-            trainer_config={},
-            max_off_policy_threshold=None,
-            max_off_policy_strategy="drop",
-            sampler_kwargs={},
-        )
+        buffer = _sync_buffer()
         trainer = _Trainer(config, servers, replica, buffer, manager, weights={1: w2})
         PPOTrainerSync.on_init_end(trainer)  # verl's first sync, then the servers' weight version 0
 
