@@ -44,3 +44,7 @@ TIMING_KEY = "treetune_timing_s"
 # verl 0.9.1 carry-over: each response token's weight version (the server's ``global_steps`` when it was sampled: the
 # training step whose update produced the weights), AgentLoopOutput.extra_fields, list[int] aligned with the response
 TOKEN_GLOBAL_STEPS_KEY = "token_global_steps"
+# Managed sessions: AgentLoopOutput.extra_fields -> DataProto.non_tensor_batch, object [B] ({"rows", "branches",
+# "turns", "tool_calls", "agent_score"} of a managed session's row, None for other rows), popped by the manager for
+# the step's managed/* metrics.
+MANAGED_ROW_KEY = "treetune_managed_row"

@@ -41,6 +41,7 @@ LAYERS = [
     "treetune_verl.managed",  # chat-style agent sessions over the engine or verl's agent loops
     "treetune_verl.generation",  # dataset-scale generation job (in-process Engine or verl's agent-loop manager)
     "treetune_verl.analysis",  # reads what generation (or `make run`) wrote
+    "treetune_verl.examples",  # complete examples a user copies (an environment over managed sessions)
 ]
 # Stand-alone sub-packages: import nothing of the layers above (and the layers never import them).
 STANDALONE = ["treetune_verl.probe"]

@@ -29,6 +29,7 @@ from treetune_verl.batch_keys import (
     CARRIED_ROW_KEY,
     CARRY_RECORD_KEY,
     HAS_ROLLOUT_ENTROPY_KEY,
+    MANAGED_ROW_KEY,
     OVER_SAMPLE_META_KEY,
     PENDING_METRICS_KEY,
     ROLLOUT_ABORTED_KEY,
@@ -42,7 +43,11 @@ from treetune_verl.rollout.rollout_config import CONFIG_PATH, check_rollout_conf
 from treetune_verl.timing import OVER_SAMPLING, ROLLOUT_ENTROPY, SECONDS
 from treetune_verl.trainer import trainer_setup
 from treetune_verl.trainer.features import completion_target
-from treetune_verl.trainer.metrics import ROWS_WITHOUT_ENTROPY_METRIC, rollout_entropy_metrics
+from treetune_verl.trainer.metrics import (
+    ROWS_WITHOUT_ENTROPY_METRIC,
+    managed_session_metrics,
+    rollout_entropy_metrics,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +142,7 @@ class EntropyAgentLoopManager(AgentLoopManager):
         if step is not None and self.carry_over is not None:
             with SECONDS.timed(OVER_SAMPLING):
                 carry_metrics = self._keep_aborted(prompts, output)
+        managed_rows = output.non_tensor_batch.pop(MANAGED_ROW_KEY, None)
         for seconds in output.non_tensor_batch.pop(TIMING_KEY, []):  # the workers' (timing.py)
             if seconds and not validate:
                 SECONDS.add(seconds)
@@ -147,6 +153,8 @@ class EntropyAgentLoopManager(AgentLoopManager):
             pending = output.meta_info.setdefault(PENDING_METRICS_KEY, {})
             pending["rollout/wall_time_s"] = time.perf_counter() - start
             pending.update(carry_metrics)
+            if managed_rows is not None:
+                pending.update(managed_session_metrics(list(managed_rows)))
         return output
 
     def _keep_aborted(self, prompts: DataProto, output: DataProto) -> dict[str, float]:

@@ -6,6 +6,8 @@ verl 0.7.1's ``AgentLoopWorker`` seams (``_run_agent_loop``, ``_agent_loop_postp
 ``generate_sequences``) are overridden by each feature with ``super()`` calls, so the method resolution order is the
 order they run in, outermost first:
 
+0. managed sessions of several rows (``session_rows_worker.SessionRowsWorker``): a session's k rows become k
+   consecutive rows of its prompt, each passing the features below as a row of its own;
 1. carry-over (``carry_over_worker.CarryOverWorker``): resumes a carried row with the continuation loop, records
    what an aborted row generated before it is emptied;
 2. rollout entropy (``entropy_worker.RolloutEntropyWorker``): pads each row's entropy once the row is final;
@@ -35,13 +37,14 @@ from treetune_verl.agent_loop import (  # noqa: F401
 from treetune_verl.agent_loop.carry_over_worker import CarryOverWorker
 from treetune_verl.agent_loop.entropy_worker import RolloutEntropyWorker
 from treetune_verl.agent_loop.over_sample_worker import OverSamplingAgentLoopWorker
+from treetune_verl.agent_loop.session_rows_worker import SessionRowsWorker
 from treetune_verl.batch_keys import TIMING_KEY
 from treetune_verl.timing import SECONDS
 
 
-class EntropyAgentLoopWorker(CarryOverWorker, RolloutEntropyWorker, OverSamplingAgentLoopWorker):
-    """``batch["rollout_entropy"]`` / ``has_rollout_entropy``, ``batch["rollout_aborted"]`` and carried rows (module
-    docstring)."""
+class EntropyAgentLoopWorker(SessionRowsWorker, CarryOverWorker, RolloutEntropyWorker, OverSamplingAgentLoopWorker):
+    """``batch["rollout_entropy"]`` / ``has_rollout_entropy``, ``batch["rollout_aborted"]``, carried rows and
+    managed sessions' rows (module docstring)."""
 
     def _postprocess(
         self, inputs: list[_InternalAgentLoopOutput], input_non_tensor_batch: dict | None = None

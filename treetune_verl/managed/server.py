@@ -108,6 +108,28 @@ class ManagedServer:
             }
         return {"nodes": list(self._nodes)}
 
+    def leaves(self) -> list[SequenceNode]:
+        """The session's trajectories: the tracked nodes no other tracked node extends (default mode: every node)."""
+        nodes = self._tracked()
+        if not self.track_tree:
+            return nodes
+        parents = {node.metadata.get("parent_id") for node in nodes}
+        return [node for node in nodes if node.node_id not in parents]
+
+    def node_for(self, messages: list[Any]) -> SequenceNode:
+        """The chat node a conversation ends on: the tracked one with the longest conversation ``messages`` start
+        with (tool results after its reply are in no node: the model never read them).
+
+        Raises:
+            ValueError: no call of this session produced a conversation that ``messages`` start with.
+        """
+        node = self._chat_parent([message_key(as_dict(message)) for message in messages])
+        if node is None:
+            raise ValueError(
+                f"no call of this session produced a conversation that these {len(messages)} messages start with"
+            )
+        return node
+
     def reset(self) -> None:
         self._nodes.clear()
         self._sequences.clear()

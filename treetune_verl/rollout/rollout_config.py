@@ -18,6 +18,8 @@ from treetune_verl.sglang.server_args import check_server_args
 
 CONFIG_PATH = "actor_rollout_ref.rollout"
 ENTROPY_SECTION = "entropy"  # actor_rollout_ref.rollout.custom.entropy.{top_k,mode}
+MANAGED_SECTION = "managed"  # actor_rollout_ref.rollout.custom.managed.{agent_fn,environment,rows_per_session}
+ROWS_PER_SESSION_KEY = f"{CONFIG_PATH}.custom.{MANAGED_SECTION}.rows_per_session"
 
 
 def read_key(config: Any, key: str, default: Any = None) -> Any:
@@ -42,6 +44,30 @@ def entropy_config(rollout_config: Any) -> EntropyConfig:
         return EntropyConfig(top_k=top_k, mode=mode)
     except ValueError as exc:
         raise ValueError(f"{CONFIG_PATH}.custom.{ENTROPY_SECTION}: {exc}") from None
+
+
+def managed_section(rollout_config: Any) -> Any:
+    """``rollout.custom.managed`` (managed agent sessions; ``{}`` when absent)."""
+    return read_key(read_key(rollout_config, "custom"), MANAGED_SECTION) or {}
+
+
+def rows_per_session(rollout_config: Any) -> int:
+    """``rollout.custom.managed.rows_per_session`` (default 1): the rows each managed training session returns.
+
+    Raises:
+        ValueError: not an integer >= 1, or ``rollout.n`` is not a multiple of it (a prompt's ``n`` rows are
+            ``n / k`` sessions of k rows).
+    """
+    k = read_key(managed_section(rollout_config), "rows_per_session", 1)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"{ROWS_PER_SESSION_KEY} must be an integer >= 1, got {k!r}")
+    n = int(read_key(rollout_config, "n") or 1)
+    if n % k:
+        raise ValueError(
+            f"{CONFIG_PATH}.n={n} must be a multiple of {ROWS_PER_SESSION_KEY}={k}: a prompt's n rows (its GRPO "
+            "group) are n / k sessions of k rows each"
+        )
+    return k
 
 
 def planned_server_args(rollout_config: Any) -> SimpleNamespace:

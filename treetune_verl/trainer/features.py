@@ -12,14 +12,16 @@ Features and the keys that turn them on (any subset, the blocks in any order on 
   ``custom.over_sample.carry_over=true`` the aborted groups are resumed at the next step (``max_staleness``: steps a
   token may wait), trained with verl's rollout correction;
 - entropy steering: ``actor_rollout_ref.rollout.custom.entropy.{pg_token_quantile, advantage_shaping.alpha}``;
-- managed agent sessions: the loop ``entropy_managed_agent`` (a dataset or ``agent.default_agent_loop``);
+- managed agent sessions: the loop ``entropy_managed_agent`` (a dataset or ``agent.default_agent_loop``); a session
+  may train several rows (``actor_rollout_ref.rollout.custom.managed.rows_per_session``, not yet with
+  over-sampling);
 - the live entropy forecast: ``actor_rollout_ref.rollout.custom.entropy_forecast`` (``+treetune_forecast=
   entropy_forecast``).
 
 Over-sampling and the forecast also need our actor entry point in ``actor_rollout_ref.model.external_lib``
 (:data:`ACTOR_SETUP_MODULE`, which both blocks name; the old per-feature modules still count). No pair of features
-conflicts; what is refused is a feature without its prerequisite, or with a verl setting it does not cover, and the
-message names both keys.
+conflicts but one, for now (managed sessions of several rows with over-sampling); what is refused is a feature
+without its prerequisite, or with a verl setting it does not cover, and the message names both keys.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from treetune_verl.ppo.advantage import (
     exact_entries,
 )
 from treetune_verl.ppo.entropy_advantage import EntropySteering, entropy_steering
+from treetune_verl.rollout.rollout_config import ROWS_PER_SESSION_KEY, rows_per_session
 
 ROLLOUT = "actor_rollout_ref.rollout"
 MANAGER_KEY = f"{ROLLOUT}.agent.agent_loop_manager_class"
@@ -124,6 +127,7 @@ class RunFeatures:
     max_staleness: int = DEFAULT_MAX_STALENESS
     steering: EntropySteering = EntropySteering()
     forecast: ForecastSettings | None = None
+    rows_per_session: int = 1
 
     @classmethod
     def from_config(cls, config: Any, rollout_entropy: bool | None = None) -> RunFeatures:
@@ -146,6 +150,7 @@ class RunFeatures:
             max_staleness=max_staleness(config),
             steering=entropy_steering(rollout),
             forecast=forecast_settings(rollout),
+            rows_per_session=rows_per_session(rollout),
         )
 
     @property
@@ -187,6 +192,11 @@ def check_features(config: Any, rollout_entropy: bool | None = None) -> RunFeatu
             )
     if features.aborts_rows:
         check_over_sample_config(config)
+        if features.rows_per_session > 1:
+            raise ValueError(
+                f"{ROWS_PER_SESSION_KEY}={features.rows_per_session} with {_aborting_key(config)}: over-sampling "
+                "counts and aborts one trajectory per row, not yet a session's rows"
+            )
     if features.carry_over:
         check_carry_over_config(config, features)
     if features.forecast is not None:

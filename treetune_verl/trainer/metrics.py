@@ -112,3 +112,37 @@ def over_sample_metrics(
     if failed is not None:
         metrics[f"{OVER_SAMPLE_PREFIX}/failed_rows"] = float(failed.bool().sum())
     return metrics
+
+
+MANAGED_PREFIX = "managed"
+
+
+def managed_session_metrics(rows: list[dict | None]) -> dict[str, float]:
+    """A step's managed sessions: their rows and branches, the agents' own rewards, turns and tool calls.
+
+    Args:
+        rows: one entry per batch row, ``non_tensor_batch["treetune_managed_row"]``: ``{"rows", "branches", "turns",
+            "tool_calls", "agent_score"}`` for a managed session's row (``rows`` and ``branches`` its session's),
+            ``None`` for any other row.
+
+    Returns:
+        ``{}`` without managed rows; else ``managed/rows_per_session/mean`` and ``managed/branches_per_session/mean``
+        (per session: a session of k rows counts once), ``managed/turns_per_row/mean``,
+        ``managed/tool_calls_per_row/mean``, ``managed/agent_scored_ratio`` (rows the agent scored) and, when it
+        scored any, ``managed/agent_reward/mean`` over those rows.
+    """
+    managed = [row for row in rows if row is not None]
+    if not managed:
+        return {}
+    sessions = sum(1.0 / row["rows"] for row in managed)
+    scores = [row["agent_score"] for row in managed if row["agent_score"] is not None]
+    metrics = {
+        f"{MANAGED_PREFIX}/rows_per_session/mean": len(managed) / sessions,
+        f"{MANAGED_PREFIX}/branches_per_session/mean": sum(row["branches"] / row["rows"] for row in managed) / sessions,
+        f"{MANAGED_PREFIX}/turns_per_row/mean": float(np.mean([row["turns"] for row in managed])),
+        f"{MANAGED_PREFIX}/tool_calls_per_row/mean": float(np.mean([row["tool_calls"] for row in managed])),
+        f"{MANAGED_PREFIX}/agent_scored_ratio": len(scores) / len(managed),
+    }
+    if scores:
+        metrics[f"{MANAGED_PREFIX}/agent_reward/mean"] = float(np.mean(scores))
+    return metrics

@@ -151,6 +151,20 @@ def _config(**sections):
             "entropy_forecast",
             "use_legacy_worker_impl",
         ),
+        (  # managed sessions of two rows with over-sampling, which counts one trajectory per row
+            {
+                "actor_rollout_ref": {
+                    "rollout": {"n": 4, "over_sample_rate": 0.25, "custom": {"managed": {"rows_per_session": 2}}}
+                }
+            },
+            "rows_per_session",
+            "over_sample_rate",
+        ),
+        (  # a prompt's rollout.n rows cannot be split into sessions of rows_per_session rows
+            {"actor_rollout_ref": {"rollout": {"n": 3, "custom": {"managed": {"rows_per_session": 2}}}}},
+            "rows_per_session",
+            "rollout.n",
+        ),
         (  # over-sampling with verl's gpg, whose batch-wide scale counts aborted rows
             {"algorithm": {"adv_estimator": "gpg"}, "actor_rollout_ref": {"rollout": {"over_sample_rate": 0.25}}},
             "over_sample_rate",

@@ -34,3 +34,22 @@ def test_rows_without_entropy_are_left_out_and_counted():
     assert metrics["agent_loop/rollout_entropy/rows_without_entropy"] == 1.0
     none_carry = rollout_entropy_metrics(entropy, mask, torch.zeros(3, dtype=torch.bool))
     assert none_carry == {"agent_loop/rollout_entropy/rows_without_entropy": 3.0}
+
+
+def test_managed_session_metrics_count_each_session_once():
+    """Two sessions: one of 2 rows (3 branches, agent-scored 1.0 and 0.0), one of 1 row (unscored); a stock row."""
+    from treetune_verl.trainer.metrics import managed_session_metrics
+
+    def row(rows, branches, turns, tool_calls, score):
+        return {"rows": rows, "branches": branches, "turns": turns, "tool_calls": tool_calls, "agent_score": score}
+
+    rows = [row(2, 3, 2, 1, 1.0), row(2, 3, 3, 0, 0.0), row(1, 1, 1, 2, None), None]
+    assert managed_session_metrics(rows) == {
+        "managed/rows_per_session/mean": 1.5,  # (2 + 1) rows / 2 sessions
+        "managed/branches_per_session/mean": 2.0,  # (3 + 1) / 2
+        "managed/turns_per_row/mean": 2.0,
+        "managed/tool_calls_per_row/mean": 1.0,
+        "managed/agent_scored_ratio": pytest.approx(2 / 3),
+        "managed/agent_reward/mean": 0.5,
+    }
+    assert managed_session_metrics([None, None]) == {}

@@ -1,0 +1,3 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""Complete examples a user copies from: ``calculator`` (README "Write an environment")."""
