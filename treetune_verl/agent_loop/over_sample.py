@@ -36,17 +36,17 @@ from treetune_verl.batch_keys import OVER_SAMPLE_META_KEY
 from treetune_verl.timing import OVER_SAMPLING, SECONDS
 
 
-def group_sizes(uids: Sequence[Any] | None) -> dict[str, int]:
+def group_sizes(uids: Sequence[Any] | None, needs: str = "over-sampling keeps whole groups") -> dict[str, int]:
     """Rows per group of a batch: its ``uid`` column (``non_tensor_batch["uid"]``, which verl's trainer sets, one per
-    prompt, shared by its ``rollout.n`` responses), counted.
+    prompt, shared by its ``rollout.n`` responses), counted. ``needs`` says, in the error, what needs the groups.
 
     Raises:
         ValueError: the batch has no ``uid`` column (nothing says which rows form a group).
     """
     if uids is None:
         raise ValueError(
-            'over-sampling keeps whole groups, named by non_tensor_batch["uid"] (verl\'s trainer sets it for every '
-            "training batch); this batch has no uid column"
+            f'{needs}, named by non_tensor_batch["uid"] (verl\'s trainer sets it for every training batch); this '
+            "batch has no uid column"
         )
     return dict(Counter(str(uid) for uid in uids))
 

@@ -33,6 +33,7 @@ from verl.experimental.agent_loop.agent_loop import (
 )
 from verl.protocol import DataProto
 
+from treetune_verl.agent_loop.over_sample import group_sizes
 from treetune_verl.rollout.rollout_config import ROWS_PER_SESSION_KEY, rows_per_session
 
 REWARD_EXTRA_INFO = "reward_extra_info"  # verl's AgentLoopOutput.extra_fields key (agent_loop.py _postprocess)
@@ -127,10 +128,8 @@ def _is_managed(agent_name: str) -> bool:
 
 def _check_blocks(batch: DataProto, k: int) -> None:
     """Every uid of this chunk has a multiple of k rows; raises naming the first that does not."""
-    uids = batch.non_tensor_batch.get("uid")
-    if uids is None:
-        raise ValueError(f"{ROWS_PER_SESSION_KEY}={k} needs the batch's uid column (verl's trainer sets it)")
-    for uid, count in Counter(str(uid) for uid in uids).items():
+    needs = f"{ROWS_PER_SESSION_KEY}={k} puts a session's rows in one group"
+    for uid, count in group_sizes(batch.non_tensor_batch.get("uid"), needs).items():
         if count % k:
             raise ValueError(
                 f"uid {uid!r} has {count} rows in this agent-loop worker's chunk, not a multiple of "

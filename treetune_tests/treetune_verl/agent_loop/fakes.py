@@ -213,6 +213,24 @@ def unpadded(batch: DataProto, i: int) -> tuple[list[int], list[int], torch.Tens
     return prompt, response, batch.batch["response_mask"][i], batch.batch["rollout_entropy"][i]
 
 
+def last_token_scores(batch: DataProto) -> list[float]:
+    """Each row's ``rm_scores`` at its last response token; asserts the row is 0 everywhere else."""
+    prompt_length = batch.batch["prompts"].shape[1]
+    last = batch.batch["attention_mask"][:, prompt_length:].sum(-1) - 1
+    rows = torch.arange(len(batch))
+    scores = batch.batch["rm_scores"].clone()
+    at_last = scores[rows, last].tolist()
+    scores[rows, last] = 0.0
+    assert not scores.any(), "rm_scores must be zero except at each row's last response token"
+    return at_last
+
+
+def last_turn_start(mask: torch.Tensor) -> int:
+    """Where the last model turn of a ``[R]`` response mask starts (its last run of 1s after a 0)."""
+    values = mask.tolist()
+    return max(i for i in range(1, len(values)) if values[i] == 1 and values[i - 1] == 0)
+
+
 def expected_entropy(prompt: list[int], response: list[int], mask: torch.Tensor) -> torch.Tensor:
     """``[R]`` float32: what the fake served at each model token (runs of ``mask == 1``), 0.0 elsewhere."""
     expected = torch.zeros(mask.shape[0], dtype=torch.float32)

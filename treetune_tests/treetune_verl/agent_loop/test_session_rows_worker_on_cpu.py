@@ -16,9 +16,15 @@ import asyncio
 
 import numpy as np
 import pytest
-import torch
 
-from treetune_tests.treetune_verl.agent_loop.fakes import FakeEntropyServer, compose_config, make_batch, unpadded
+from treetune_tests.treetune_verl.agent_loop.fakes import (
+    FakeEntropyServer,
+    compose_config,
+    last_token_scores,
+    last_turn_start,
+    make_batch,
+    unpadded,
+)
 from treetune_tests.treetune_verl.managed.agents import branch_score
 from treetune_verl.agent_loop import EntropyAgentLoopWorker
 from treetune_verl.batch_keys import MANAGED_ROW_KEY
@@ -54,24 +60,6 @@ def _batch(prompts: int, n: int, validate: bool = False, plans: list[str] | None
     return batch.repeat(repeat_times=n, interleave=True)
 
 
-def _last_turn_start(mask: torch.Tensor) -> int:
-    """Where the last model turn of a ``[R]`` response mask starts."""
-    values = mask.tolist()
-    return max(i for i in range(1, len(values)) if values[i] == 1 and values[i - 1] == 0)
-
-
-def _last_token_scores(out) -> list[float]:
-    """Each row's ``rm_scores``: one non-zero entry, at its last response token (asserted); that entry."""
-    prompt_length = out.batch["prompts"].shape[1]
-    last = out.batch["attention_mask"][:, prompt_length:].sum(-1) - 1
-    scores = out.batch["rm_scores"]
-    at_last = scores[torch.arange(len(scores)), last]
-    elsewhere = scores.clone()
-    elsewhere[torch.arange(len(scores)), last] = 0.0
-    assert not elsewhere.any(), "rm_scores must be zero except at each row's last response token"
-    return at_last.tolist()
-
-
 def test_a_prompts_n_rows_are_n_over_k_sessions_of_k_scored_rows(tiny_model_dir, tmp_path):
     worker = _worker(tiny_model_dir, tmp_path, "branching_agent", n=4, rows_per_session=2)
     out = asyncio.run(worker.generate_sequences(_batch(prompts=2, n=4)))
@@ -81,14 +69,14 @@ def test_a_prompts_n_rows_are_n_over_k_sessions_of_k_scored_rows(tiny_model_dir,
     assert worker.server_manager.calls == 12
     assert out.non_tensor_batch["uid"].tolist() == ["uid-0"] * 4 + ["uid-1"] * 4  # one GRPO group per prompt
     expected = [branch_score(prompt, branch) for prompt in range(2) for _session in range(2) for branch in range(2)]
-    assert _last_token_scores(out) == pytest.approx(expected)
+    assert last_token_scores(out) == pytest.approx(expected)
     assert out.non_tensor_batch["branch"].tolist() == [0.0, 1.0] * 4  # the agent's reward extra, a column
     assert out.meta_info["reward_extra_keys"] == ["branch"]
     for first in range(0, 8, 2):  # a session's two rows: one prompt, one first turn and follow-up
         prompt_a, response_a, mask_a, _ = unpadded(out, first)
         prompt_b, response_b, mask_b, _ = unpadded(out, first + 1)
         assert prompt_a == prompt_b
-        branch_starts = [_last_turn_start(mask) for mask in (mask_a, mask_b)]
+        branch_starts = [last_turn_start(mask) for mask in (mask_a, mask_b)]
         assert branch_starts[0] == branch_starts[1] > 0  # model / masked follow-up / the branch's model turn
         assert response_a[: branch_starts[0]] == response_b[: branch_starts[0]]
     stats = out.non_tensor_batch[MANAGED_ROW_KEY].tolist()
@@ -100,7 +88,7 @@ def test_validation_keeps_one_session_per_row_and_its_first_row(tiny_model_dir, 
     worker = _worker(tiny_model_dir, tmp_path, "branching_agent", n=4, rows_per_session=2)
     out = asyncio.run(worker.generate_sequences(_batch(prompts=2, n=1, validate=True)))
     assert len(out) == 2 and worker.server_manager.calls == 6
-    assert _last_token_scores(out) == [branch_score(0, 0), branch_score(1, 0)]
+    assert last_token_scores(out) == [branch_score(0, 0), branch_score(1, 0)]
 
 
 def test_a_session_returning_another_row_count_is_refused_naming_the_row(tiny_model_dir, tmp_path):
@@ -130,7 +118,7 @@ def test_an_environment_trains_the_conversation_its_episode_ended_with(tiny_mode
     worker = _worker(tiny_model_dir, tmp_path, "AddingEnvironment", n=1, rows_per_session=1, key="environment")
     plans = ["tool text", "text", "tool tool"]
     out = asyncio.run(worker.generate_sequences(_batch(prompts=3, n=1, plans=plans)))
-    assert _last_token_scores(out) == [1.0, 1.0, 0.0]
+    assert last_token_scores(out) == [1.0, 1.0, 0.0]
     assert out.non_tensor_batch["tool_results"].tolist() == [1.0, 0.0, 2.0]
     stats = out.non_tensor_batch[MANAGED_ROW_KEY].tolist()
     assert [(row["turns"], row["tool_calls"]) for row in stats] == [(2, 1), (1, 0), (2, 2)]

@@ -31,7 +31,7 @@ import torch
 import yaml
 from omegaconf import open_dict
 
-from treetune_tests.treetune_verl.agent_loop.fakes import make_batch, unpadded
+from treetune_tests.treetune_verl.agent_loop.fakes import last_token_scores, last_turn_start, make_batch, unpadded
 from treetune_tests.treetune_verl.agent_loop.standalone import (
     driver_state_restored,  # noqa: F401  (fixture, used below)
     model_with_short_turns,
@@ -109,22 +109,6 @@ def _batch(loop: str):
     return batch.repeat(repeat_times=N, interleave=True)
 
 
-def _last_token_scores(out) -> list[float]:
-    prompt_length = out.batch["prompts"].shape[1]
-    last = out.batch["attention_mask"][:, prompt_length:].sum(-1) - 1
-    rows = torch.arange(len(out))
-    scores = out.batch["rm_scores"].clone()
-    at_last = scores[rows, last].tolist()
-    scores[rows, last] = 0.0
-    assert not scores.any(), "rm_scores must be zero except at each row's last response token"
-    return at_last
-
-
-def _branch_start(mask: torch.Tensor) -> int:
-    values = mask.tolist()
-    return max(i for i in range(1, len(values)) if values[i] == 1 and values[i - 1] == 0)
-
-
 @pytest.mark.engine
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU variant (declared GPU, CPU engine settings)")
@@ -159,7 +143,7 @@ def test_two_scored_branches_per_session_train_as_rows_of_their_group(tiny_model
     assert len(scored) == PROMPTS * N
     # row for row with the input (verl's trainer unions them): rows 4p..4p+3 are prompt p's group, its uid
     expected = [branch_score(p, b) for p in range(PROMPTS) for _ in range(N // ROWS_PER_SESSION) for b in range(2)]
-    assert _last_token_scores(scored) == pytest.approx(expected)
+    assert last_token_scores(scored) == pytest.approx(expected)
     assert calls_after_scored == []
     assert scored.non_tensor_batch["branch"].tolist() == [0.0, 1.0] * (PROMPTS * N // 2)
     metrics = scored.meta_info[PENDING_METRICS_KEY]
@@ -168,7 +152,7 @@ def test_two_scored_branches_per_session_train_as_rows_of_their_group(tiny_model
     assert metrics["managed/agent_reward/mean"] == pytest.approx(np.mean(expected))
 
     # unscored: verl's reward function scores every row, as without managed rows
-    assert _last_token_scores(unscored) == [rewards.COUNTED_SCORE] * (PROMPTS * N)
+    assert last_token_scores(unscored) == [rewards.COUNTED_SCORE] * (PROMPTS * N)
     assert len(calls_file.read_text().splitlines()) == PROMPTS * N
     assert unscored.meta_info[PENDING_METRICS_KEY]["managed/agent_scored_ratio"] == 0
 
@@ -192,8 +176,8 @@ def test_two_scored_branches_per_session_train_as_rows_of_their_group(tiny_model
                 unpadded(out, first),
                 unpadded(out, first + 1),
             )
-            start = _branch_start(mask_a)
-            assert prompt_a == prompt_b and start == _branch_start(mask_b)
+            start = last_turn_start(mask_a)
+            assert prompt_a == prompt_b and start == last_turn_start(mask_b)
             assert response_a[:start] == response_b[:start]
     print(f"{len(scored) + len(unscored)} rows; largest |rollout entropy or log-prob - HF| {worst:.2e}")
     assert scored.batch[ROLLOUT_ENTROPY_KEY].dtype == torch.float32
