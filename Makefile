@@ -25,7 +25,8 @@ PYTEST_ARGS ?=
 # tests and the 0.5.12 adapter's, the generation job and make run's CLI, managed sessions on the real Engine
 # (EngineBackend), our server on verl 0.9.1's (scoped abort), the V1 trainer's setup and seams, verl's CPU runtime
 # patches and the rollout-entropy block in verl 0.9.1's GRPO on CPU (base run, then the full / resume variants),
-# over-sampling (the estimator / loss tables with verl's padding rows, the replay buffer on a real Engine, GRPO).
+# over-sampling (the estimator / loss tables with verl's padding rows, the replay buffer on a real Engine, GRPO),
+# managed agents that train (sessions of two rows on a real Engine in the V1 rollout file, GRPO).
 CURRENT_TESTS := \
 	treetune_tests/treetune_verl/sglang/test_entropy_engine_on_cpu.py \
 	treetune_tests/treetune_verl/sglang/test_current_stack_on_cpu.py \
@@ -46,6 +47,7 @@ CURRENT_TESTS := \
 	treetune_tests/e2e/test_check_metrics_on_cpu.py \
 	treetune_tests/e2e/test_e2e_current_stack_on_cpu.py \
 	treetune_tests/e2e/test_e2e_over_sample_on_cpu.py \
+	treetune_tests/e2e/test_e2e_managed_on_cpu.py \
 	treetune_tests/e2e/test_e2e_variants_on_cpu.py
 
 # Every cache stays inside the repo; no model hub is reachable.

@@ -10,7 +10,9 @@ point (``treetune_verl.trainer.actor_setup``). One row per actor micro-batch, so
 micro-batch of its own (the loss fix's hardest case) while the forecast runs at the update's first optimizer step
 inside the loss fix's step counter. The script checks every step (``check_metrics``: finite loss, grad norm > 0,
 rollout entropy, the rollout-vs-actor entropy agreement <= 1e-3 nats and verl's probability agreement, the exact
-aborted share, the forking-token share, every forecast key); the test re-reads them.
+aborted share, the forking-token share, every forecast key); the test re-reads them. On verl 0.7.1 this is the GRPO run
+of over-sampling with abort, forking tokens and the forecast (their own files check the script's arguments): each
+feature's checks of a run of its own are here, with the others on.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from treetune_tests.e2e.check_metrics import (
     GRAD_NORM,
     KEPT_SHARE,
     PG_LOSS,
+    THRESHOLD,
     read_steps,
     training_steps,
 )
@@ -63,9 +66,16 @@ def test_grpo_with_every_feature_on_trains_every_step():
     for metrics in steps:
         assert math.isfinite(metrics[PG_LOSS]) and metrics[GRAD_NORM] > 0
         assert metrics[ENTROPY_MEAN] > 0 and metrics[ENTROPY_DIFF] <= 1e-3  # rollout entropy, aligned with the actor
+        # over-sampling: exactly 2 of 8 rows aborted, in our metric and in verl's own count of empty responses
         assert metrics["rollout/aborted_ratio"] == 0.25 and metrics["response/aborted_ratio"] == 0.25
-        assert 0.2 <= metrics[KEPT_SHARE] <= 0.25  # forking tokens (ties may keep a little more)
+        assert metrics["rollout/aborted_rows"] == 2
+        assert metrics["rollout/score/aborted_as_zero_mean"] <= metrics["rollout/score/completed_mean"]
+        # forking tokens (ties may keep a little more)
+        assert 0.2 <= metrics[KEPT_SHARE] <= 0.25 and metrics[THRESHOLD] > 0
+        # the forecast saw the update's one optimizer step, so the update's realised change is the first step's
         assert all(math.isfinite(metrics[key]) for key in FORECAST_KEYS)
-        assert metrics["probe/optimizer_steps"] == 1  # the forecast saw the update's one optimizer step
+        assert metrics["probe/optimizer_steps"] == 1
+        assert metrics["probe/deltaH_realised_first_step"] == metrics["probe/deltaH_realised"]
+        assert metrics["timing_s/probe"] > 0 and metrics["probe/step_norm"] > 0
     assert (WORKDIR / "entropy_forecast.png").read_bytes()[:4] == b"\x89PNG"
     print(result.stdout[-2000:])

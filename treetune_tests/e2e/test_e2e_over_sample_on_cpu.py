@@ -64,6 +64,7 @@ def test_over_sample_arguments(tiny_model_dir, tmp_path):
 @pytest.mark.slow
 @pytest.mark.e2e
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU variant; on a GPU run the script directly")
+@pytest.mark.skipif(not CURRENT, reason="verl 0.7.1: test_e2e_all_features_on_cpu.py runs it, with these checks")
 def test_grpo_with_over_sampling_trains_every_step():
     env = {"E2E_MODEL": "tiny", "E2E_OVER_SAMPLE": "0.25", "E2E_STEPS": "2", "E2E_WORKDIR": str(WORKDIR)}
     result = run_script(env, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", timeout=1200)

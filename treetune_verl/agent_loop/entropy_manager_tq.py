@@ -8,7 +8,9 @@ rows' ``extra_fields`` (the V1 seams build ``rollout_entropy`` there). This mana
 not happen, before any rollout: without it the stock server would serve rows without entropy. With over-sampling
 (``rollout.over_sample_rate > 0``) its workers run each training row under its group's session
 (``over_sample_worker_tq.py``), which the trainer's replay buffer aborts by uid; with carry-over their client
-resumes a turn cut by the pause around a weight update (``resuming_client.py``).
+resumes a turn cut by the pause around a weight update (``resuming_client.py``). Its workers always put each row of
+a managed session into TransferQueue as a row of its group, and refuse a session of another number of rows than
+``rollout.custom.managed.rows_per_session`` (``session_rows_worker_tq.py``, which the over-sampling worker extends).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from treetune_verl.verl_guard import VERL_CURRENT
 VERL_CURRENT.require("V1 agent-loop manager")  # verl 0.7.1 has no V1 trainer: its manager is entropy_manager.py
 
 from verl.trainer.ppo.v1 import AgentLoopManagerTQ  # noqa: E402
+
+from treetune_verl.agent_loop.session_rows_worker_tq import SessionRowsWorkerTQ  # noqa: E402
 
 
 class EntropyAgentLoopManager(AgentLoopManagerTQ):
@@ -51,5 +55,8 @@ class EntropyAgentLoopManager(AgentLoopManagerTQ):
             else:
                 llm_client = session_client(llm_client)
         super().__init__(config, llm_client, *args, **kwargs)
-        if over_sampling:  # after verl's __init__, which sets its own worker class
-            self.agent_loop_workers_class = ray.remote(OverSamplingAgentLoopWorkerTQ)
+        # after verl's __init__, which sets its own worker class: ours, each worker feature a subclass of the one
+        # before (over_sample_worker_tq.py on session_rows_worker_tq.py)
+        self.agent_loop_workers_class = ray.remote(
+            OverSamplingAgentLoopWorkerTQ if over_sampling else SessionRowsWorkerTQ
+        )

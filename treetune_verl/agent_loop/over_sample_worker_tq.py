@@ -6,9 +6,9 @@ On verl 0.9.1 over-sampling is decided in the trainer's process, by the replay b
 from TransferQueue (``treetune_verl/trainer/v0_9_1/over_sample_sampler.py``); what it needs from the rollout side is
 that a group's requests can be aborted knowing only the group's ``uid``. Here:
 
-- :class:`OverSamplingAgentLoopWorkerTQ` (verl's ``AgentLoopWorkerTQ``) runs each training row under
-  :data:`~treetune_verl.agent_loop.trajectory.CURRENT_TRAJECTORY` with the session of its group
-  (:func:`~treetune_verl.rollout.session.group_session_id`); validation rows run as in verl;
+- :class:`OverSamplingAgentLoopWorkerTQ` (verl's ``AgentLoopWorkerTQ``, through ``session_rows_worker_tq.py``) runs
+  each training row under :data:`~treetune_verl.agent_loop.trajectory.CURRENT_TRAJECTORY` with the session of its
+  group (:func:`~treetune_verl.rollout.session.group_session_id`); validation rows run as in verl;
 - :class:`SessionLLMServerClient` (verl's ``LLMServerClient``) sends each turn of such a row with the request id
   ``<group session><hex>`` (``_vllm_request_id``, the method verl keeps for choosing the id a turn is sent with;
   by default a fresh ``uuid4().hex``), so the entropy server's ``abort_sessions`` cuts all of the group's turns, queued
@@ -26,8 +26,9 @@ from treetune_verl.verl_guard import VERL_CURRENT
 
 VERL_CURRENT.require("V1 over-sampling worker")  # verl 0.7.1's worker is over_sample_worker.py
 
-from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ  # noqa: E402
 from verl.workers.rollout.llm_server import LLMServerClient  # noqa: E402
+
+from treetune_verl.agent_loop.session_rows_worker_tq import SessionRowsWorkerTQ  # noqa: E402
 
 __all__ = ["OverSamplingAgentLoopWorkerTQ", "SessionLLMServerClient", "session_client"]
 
@@ -66,8 +67,9 @@ def session_client(
     return named
 
 
-class OverSamplingAgentLoopWorkerTQ(AgentLoopWorkerTQ.__ray_actor_class__):
-    """verl 0.9.1's TransferQueue agent-loop worker running each training row under its group's session."""
+class OverSamplingAgentLoopWorkerTQ(SessionRowsWorkerTQ):
+    """verl 0.9.1's TransferQueue agent-loop worker running each training row under its group's session (on the
+    managed-session rows worker: one row per session here, over-sampling refuses more)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # Not redundant: without an __init__ of its own, a subclass of an @ray.remote class (verl's is) dies in its

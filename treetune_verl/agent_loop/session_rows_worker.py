@@ -62,7 +62,7 @@ class SessionRowsWorker(AgentLoopWorker):
         self, sampling_params: dict[str, Any], trajectory: dict[str, Any], *, agent_name: str, **kwargs: Any
     ) -> _InternalAgentLoopOutput:
         k = self._rows_per_session
-        if not _is_managed(agent_name):
+        if not is_managed(agent_name):
             return await super()._run_agent_loop(sampling_params, trajectory, agent_name=agent_name, **kwargs)
         where = f"agent loop {agent_name!r}, uid {kwargs.get('uid')!r}, index {kwargs.get('index')!r}"
         if trajectory.get("validate") or k == 1:
@@ -117,7 +117,7 @@ class SessionRowsWorker(AgentLoopWorker):
 
 
 @functools.cache
-def _is_managed(agent_name: str) -> bool:
+def is_managed(agent_name: str) -> bool:
     """Whether verl's registry entry for ``agent_name`` is a loop that returns a session's rows (the managed loop:
     ``returns_session_rows``; named by attribute, as ``managed`` is a layer above this one)."""
     from hydra.utils import get_class

@@ -20,7 +20,9 @@ Each row becomes an ``AgentLoopOutput``: ``prompt_ids`` up to its first model tu
 values there and 0.0 elsewhere), truncated to ``response_length`` as verl's loops truncate. An agent's score goes to
 ``reward_score`` and its extras to ``extra_fields["reward_extra_info"]``: verl's worker then skips its reward
 function for the row and puts the score at the row's last response token of ``rm_scores``. The worker puts the
-entropy into ``batch["rollout_entropy"]`` exactly as for the other entropy loops.
+entropy into ``batch["rollout_entropy"]`` exactly as for the other entropy loops. On verl 0.9.1 each row also carries
+``extra_fields["min_global_steps"]`` / ``["max_global_steps"]``, the weight versions of its session's turns (over the
+whole session), which the V1 trainer tags rows with.
 """
 
 from __future__ import annotations
@@ -109,6 +111,10 @@ class ManagedAgentLoop(AgentLoopBase):
         rows = scored_rows(returned, managed.last_node, where)  # the session has ended: nothing left to abort
         branches = len(managed.leaves())
         outputs = [self.to_output(row, rows=len(rows), branches=branches) for row in rows]
+        if backend.weight_versions:  # verl 0.9.1: the V1 trainer tags each row with them (staleness control)
+            for output in outputs:
+                output.extra_fields["min_global_steps"] = min(backend.weight_versions)
+                output.extra_fields["max_global_steps"] = max(backend.weight_versions)
         return outputs[0] if len(outputs) == 1 else outputs
 
     def to_output(self, row: ScoredNode, rows: int = 1, branches: int = 1) -> AgentLoopOutput:

@@ -23,6 +23,10 @@ from treetune_verl.agent_loop.recorder import served_entropy
 from treetune_verl.agent_loop.trajectory import CURRENT_TRAJECTORY
 from treetune_verl.rollout.session import new_session_id, turn_request_id
 
+# verl 0.9.1: a server output's weight version (llm_server.py LLMServerClient.generate), which its agent loops carry
+# into each row's min / max (the V1 trainer's staleness tags, agent_loop_tq.py).
+WEIGHT_VERSION_KEY = "global_steps"
+
 
 @dataclass
 class Generation:
@@ -136,7 +140,8 @@ class VerlBackend:
             every key a call does not set. ``logprobs`` is always on.
 
     The session is the calling trajectory's (the worker sets it; every turn's rid carries it); one sticky request
-    id keeps all turns of a session on one server, for its prefix cache.
+    id keeps all turns of a session on one server, for its prefix cache. ``weight_versions``: the weight version
+    (verl 0.9.1's ``extra_fields["global_steps"]``) of every continuation that carried one, in order.
     """
 
     def __init__(self, server_manager: Any, context_length: int, default_sampling: dict[str, Any] | None = None):
@@ -144,6 +149,7 @@ class VerlBackend:
         self.context_length = int(context_length)
         self.default_sampling = dict(default_sampling or {})
         self._sticky_id = uuid4().hex
+        self.weight_versions: list[int] = []
 
     def open_session(self) -> str | None:
         trajectory = CURRENT_TRAJECTORY.get()
@@ -165,6 +171,9 @@ class VerlBackend:
         )
         generations = []
         for output in outputs:
+            version = (getattr(output, "extra_fields", None) or {}).get(WEIGHT_VERSION_KEY)
+            if version is not None:
+                self.weight_versions.append(int(version))
             if output.log_probs is None:
                 raise RuntimeError("the verl server returned no log_probs although logprobs were requested")
             generations.append(

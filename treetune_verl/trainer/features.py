@@ -192,11 +192,7 @@ def check_features(config: Any, rollout_entropy: bool | None = None) -> RunFeatu
             )
     if features.aborts_rows:
         check_over_sample_config(config)
-        if features.rows_per_session > 1:
-            raise ValueError(
-                f"{ROWS_PER_SESSION_KEY}={features.rows_per_session} with {_aborting_key(config)}: over-sampling "
-                "counts and aborts one trajectory per row, not yet a session's rows"
-            )
+        check_session_rows_not_aborted(config, features)
     if features.carry_over:
         check_carry_over_config(config, features)
     if features.forecast is not None:
@@ -209,6 +205,19 @@ def check_features(config: Any, rollout_entropy: bool | None = None) -> RunFeatu
                 f"{FORECAST_SECTION} supports verl's legacy FSDP workers only: not {WORKER_IMPL_KEY}=disable"
             )
     return features
+
+
+def check_session_rows_not_aborted(config: Any, features: RunFeatures) -> None:
+    """Refuse managed sessions of several rows with over-sampling or failed rows aborted (either stack).
+
+    Raises:
+        ValueError: naming both keys.
+    """
+    if features.aborts_rows and features.rows_per_session > 1:
+        raise ValueError(
+            f"{ROWS_PER_SESSION_KEY}={features.rows_per_session} with {_aborting_key(config)}: over-sampling "
+            "counts and aborts one trajectory per row, not yet a session's rows"
+        )
 
 
 def check_over_sample_config(config: Any) -> None:
@@ -258,8 +267,6 @@ def check_carry_over_config(config: Any, features: RunFeatures) -> None:
 USE_V1_KEY = "trainer.use_v1"
 TRAINER_MODE_KEY = "trainer.v1.trainer_mode"
 CURRENT_TRAINER_MODES = ("sync", "colocate_async")  # separate_async overrides _compute_old_log_prob
-DEFAULT_LOOP_KEY = f"{ROLLOUT}.agent.default_agent_loop"
-MANAGED_LOOP = "entropy_managed_agent"
 # Over-sampling's V1 replay buffer (trainer/v0_9_1/over_sample_sampler.py), selected through verl's own keys.
 SAMPLER_KEY = "trainer.v1.sampler.custom_sampler"
 SAMPLER_PATH = "pkg://treetune_verl.trainer.v0_9_1.over_sample_sampler"
@@ -273,18 +280,15 @@ def check_current_stack(config: Any, verl_version: str) -> RunFeatures:
 
     Rollout entropy and entropy steering (forking tokens, advantage shaping: trainer-side only) run on verl 0.9.1's
     default (V1) trainer in its ``sync`` and ``colocate_async`` modes, over-sampling in ``sync`` with its replay
-    buffer (:func:`check_current_over_sample_config`); the other features are refused naming the feature, the key
-    and the version (their verl 0.7.1 seams have no target on verl 0.9.1's engine-worker actor yet).
+    buffer (:func:`check_current_over_sample_config`), managed agent sessions in ``sync`` and ``colocate_async`` (of
+    several rows each: not with over-sampling); the live forecast is refused naming its key and the version (its
+    verl 0.7.1 seams have no target on verl 0.9.1's engine-worker actor yet).
 
     Raises:
         ValueError: naming the refused feature's key and ``verl_version``.
     """
     features = RunFeatures.from_config(config, rollout_entropy=True)
-    default_loop = OmegaConf.select(config, DEFAULT_LOOP_KEY, default=None)
-    refused = {
-        f"the live entropy forecast ({FORECAST_SECTION})": features.forecast is not None,
-        f"managed agent sessions ({DEFAULT_LOOP_KEY}={MANAGED_LOOP})": default_loop == MANAGED_LOOP,
-    }
+    refused = {f"the live entropy forecast ({FORECAST_SECTION})": features.forecast is not None}
     for feature, on in refused.items():
         if on:
             raise ValueError(
@@ -304,6 +308,7 @@ def check_current_stack(config: Any, verl_version: str) -> RunFeatures:
         )
     if features.aborts_rows:
         check_current_over_sample_config(config, verl_version)
+        check_session_rows_not_aborted(config, features)
     if features.carry_over:
         check_carry_over_config(config, features)
         gen_batch_size = OmegaConf.select(config, GEN_BATCH_SIZE_KEY, default=None)

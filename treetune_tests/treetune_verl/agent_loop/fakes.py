@@ -225,12 +225,6 @@ def last_token_scores(batch: DataProto) -> list[float]:
     return at_last
 
 
-def last_turn_start(mask: torch.Tensor) -> int:
-    """Where the last model turn of a ``[R]`` response mask starts (its last run of 1s after a 0)."""
-    values = mask.tolist()
-    return max(i for i in range(1, len(values)) if values[i] == 1 and values[i - 1] == 0)
-
-
 def expected_entropy(prompt: list[int], response: list[int], mask: torch.Tensor) -> torch.Tensor:
     """``[R]`` float32: what the fake served at each model token (runs of ``mask == 1``), 0.0 elsewhere."""
     expected = torch.zeros(mask.shape[0], dtype=torch.float32)

@@ -69,6 +69,12 @@ def teacher_forced(model, prompt: list[int], response: list[int]) -> tuple[torch
     return entropy, token_logp
 
 
+def last_turn_start(mask: torch.Tensor) -> int:
+    """Where the last model turn of a ``[R]`` response mask starts (its last run of 1s after a 0)."""
+    values = mask.tolist()
+    return max(i for i in range(1, len(values)) if values[i] == 1 and values[i - 1] == 0)
+
+
 def entropy_error(row: torch.Tensor, expected: torch.Tensor, model_tokens: torch.Tensor) -> float:
     """Largest |rollout_entropy - recomputation| over model tokens (nats), all ``[R]``; inf if a position outside
     ``model_tokens`` (user/tool token, padding) is non-zero."""

@@ -21,10 +21,10 @@ from treetune_tests.treetune_verl.agent_loop.fakes import (
     FakeEntropyServer,
     compose_config,
     last_token_scores,
-    last_turn_start,
     make_batch,
     unpadded,
 )
+from treetune_tests.treetune_verl.agent_loop.standalone import last_turn_start
 from treetune_tests.treetune_verl.managed.agents import branch_score
 from treetune_verl.agent_loop import EntropyAgentLoopWorker
 from treetune_verl.batch_keys import MANAGED_ROW_KEY

@@ -4,20 +4,17 @@
 
 As the middle test (``agent_loop/test_entropy_manager_standalone_on_cpu.py``) runs it: ``EntropyAgentLoopManager``
 in verl's standalone mode on a Ray cluster of our own, ``EntropySGLangHttpServer`` launching a real Engine, the tiny
-model with short turns. The agent (``agents.two_turn_agent``) answers, gets a user follow-up, answers again. Checked:
-``rollout_entropy`` is non-zero exactly at ``response_mask`` and equals a teacher-forced HF recomputation there
-within 1e-4 nats; ``rollout_log_probs`` agree with it; the follow-up's tokens are masked; nothing is left running.
+model with short turns, plus one real verl ``RewardLoopWorker`` whose reward function (``rewards.counted_score``)
+records every call. Managed sessions of two rows each, with the agent's own reward: two prompts, ``rollout.n=4``,
+``rows_per_session=2``: each prompt's 4 rows are 2 sessions of ``agents.branching_agent`` (a first turn, a user
+follow-up, two branches of the answer to it: model / masked user tokens / model in every row).
 
-Managed sessions of two rows each, with the agent's own reward (the second test), the same way plus one real verl
-``RewardLoopWorker`` whose reward function (``rewards.counted_score``) records every call. Two
-prompts, ``rollout.n=4``, ``rows_per_session=2``: each prompt's 4 rows are 2 sessions of ``agents.branching_agent``
-(a first turn, a follow-up, two branches of the answer to it).
-
-Checked, for the agent-scored batch: 8 rows, 2 groups of 4 (row for row with the input, as verl's trainer unions them); each row's ``rm_scores`` is its agent's score
-at its last response token and 0 elsewhere; the reward function was not called; a session's two rows share every
-token before their branch; ``rollout_entropy`` and ``rollout_log_probs`` within 1e-4 of a teacher-forced HF
-recomputation at model tokens (nats) and 0 elsewhere; the step's ``managed/*`` metrics. For the same
-branches unscored (``unscored_branching_agent``): verl's reward function scores each of the 8 rows, as before.
+Checked, for the agent-scored batch: 8 rows, 2 groups of 4 (row for row with the input, as verl's trainer unions
+them); each row's ``rm_scores`` is its agent's score at its last response token and 0 elsewhere; the reward function
+was not called; a session's two rows share every token before their branch; ``rollout_entropy`` and
+``rollout_log_probs`` within 1e-4 of a teacher-forced HF recomputation at model tokens (nats) and 0 elsewhere, the
+follow-up's tokens masked; the step's ``managed/*`` metrics; nothing left running after ``ray.shutdown()``. For the
+same branches unscored (``unscored_branching_agent``): verl's reward function scores each of the 8 rows, as before.
 """
 
 from __future__ import annotations
@@ -31,9 +28,10 @@ import torch
 import yaml
 from omegaconf import open_dict
 
-from treetune_tests.treetune_verl.agent_loop.fakes import last_token_scores, last_turn_start, make_batch, unpadded
+from treetune_tests.treetune_verl.agent_loop.fakes import last_token_scores, make_batch, unpadded
 from treetune_tests.treetune_verl.agent_loop.standalone import (
     driver_state_restored,  # noqa: F401  (fixture, used below)
+    last_turn_start,
     model_with_short_turns,
     ray_session,
     standalone_config,
@@ -43,7 +41,6 @@ from treetune_tests.treetune_verl.managed import rewards
 from treetune_tests.treetune_verl.managed.agents import branch_score
 from treetune_verl.agent_loop import ROLLOUT_ENTROPY_KEY, EntropyAgentLoopManager
 from treetune_verl.batch_keys import PENDING_METRICS_KEY
-from treetune_verl.config import CONFIG_DIR
 
 pytest.importorskip("uvicorn", reason="sglang's http_server (imported by verl's server) needs uvicorn")
 pytest.importorskip("multipart", reason="sglang's http_server needs python-multipart")
@@ -52,42 +49,6 @@ ATOL = 1e-4  # nats
 N, ROWS_PER_SESSION, PROMPTS = 4, 2, 2  # the managed-rows test: rollout.n, rows per session, prompts
 LOOP = "treetune_verl.managed.agent_loop.ManagedAgentLoop"
 AGENTS = "treetune_tests.treetune_verl.managed.agents"
-
-
-@pytest.mark.engine
-@pytest.mark.slow
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU variant (declared GPU, CPU engine settings)")
-def test_managed_loop_behind_real_server_matches_hf(tiny_model_dir, tmp_path, monkeypatch):
-    from transformers import AutoModelForCausalLM
-
-    model_path = model_with_short_turns(tiny_model_dir, tmp_path / "tiny-short-turns")
-    config = standalone_config(model_path, tmp_path / "cfg")
-    with open_dict(config):
-        config.actor_rollout_ref.rollout.agent.agent_loop_config_path = str(CONFIG_DIR / "managed_agent_loops.yaml")
-        config.actor_rollout_ref.rollout.custom["managed"] = {
-            "agent_fn": "treetune_tests.treetune_verl.managed.agents:two_turn_agent"
-        }
-    with ray_session(monkeypatch) as session:
-        manager = EntropyAgentLoopManager.create(config)
-        [replica] = manager.rollout_replicas
-        session.track(*replica.workers, *replica.servers, *manager.agent_loop_workers)
-        out = manager.generate_sequences(make_batch(["text"] * 2, ["entropy_managed_agent"] * 2))
-    assert not session.left, f"processes of the run left after ray.shutdown(): {session.left}"
-
-    hf = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32).eval()
-    assert out.non_tensor_batch["__num_turns__"].tolist() == [4, 4]
-    for i in range(2):
-        prompt, response, mask, row = unpadded(out, i)
-        n, model_tokens = len(response), mask.bool()
-        assert torch.equal(row != 0, model_tokens), f"row {i}: entropy must be non-zero exactly at model tokens"
-        assert int((mask[1:n] != mask[: n - 1]).sum()) >= 2, f"row {i}: model / masked follow-up / model, {mask}"
-        entropy, token_logp = teacher_forced(hf, prompt, response)
-        error = (row[:n].double() - entropy)[model_tokens[:n]].abs().max().item()
-        assert error <= ATOL, f"row {i}: rollout_entropy differs from HF by {error:.3g} nats"
-        logprob_error = (out.batch["rollout_log_probs"][i, :n].double() - token_logp)[model_tokens[:n]].abs().max()
-        assert logprob_error <= 1e-3, f"row {i}: rollout_log_probs differ from HF by {logprob_error:.3g}"
-        print(f"row {i}: {n} response tokens, {int(model_tokens.sum())} model tokens, |entropy - HF| {error:.2e}")
-    assert out.batch[ROLLOUT_ENTROPY_KEY].dtype == torch.float32
 
 
 def _loops_yaml(path: Path) -> Path:
@@ -146,6 +107,7 @@ def test_two_scored_branches_per_session_train_as_rows_of_their_group(tiny_model
     assert last_token_scores(scored) == pytest.approx(expected)
     assert calls_after_scored == []
     assert scored.non_tensor_batch["branch"].tolist() == [0.0, 1.0] * (PROMPTS * N // 2)
+    assert scored.non_tensor_batch["__num_turns__"].tolist() == [4] * (PROMPTS * N)  # user, model, user, model
     metrics = scored.meta_info[PENDING_METRICS_KEY]
     assert metrics["managed/rows_per_session/mean"] == 2 and metrics["managed/branches_per_session/mean"] == 2
     assert metrics["managed/agent_scored_ratio"] == 1 and metrics["managed/turns_per_row/mean"] == 2

@@ -20,7 +20,8 @@ seam                                            what runs after verl's own, in o
 ``entropy`` is in TransferQueue after it)          rows' ``extra_fields`` (``entropy_rows.py``), and its metrics;
                                                 2. the agreement ``rollout_entropy/actor_abs_diff/{mean,max}``
                                                    against the actor's ``entropy`` of the same tokens, when defined
-                                                   (with carry-over: rows of the current weights only)
+                                                   (with carry-over: rows of the current weights only);
+                                                3. managed sessions: ``managed/*`` of the step's rows
 ``PPOTrainer._compute_advantage`` (``:1743``;    1. steering: entropy-shaped advantage, then the forking-token mask
 the advantages are in TransferQueue after it)      (``ppo/entropy_advantage.py``, one threshold for the batch's real
                                                    rows; verl's padding rows keep theirs)
@@ -54,12 +55,17 @@ from typing import Any
 
 import torch
 
-from treetune_verl.batch_keys import HAS_ROLLOUT_ENTROPY_KEY, ROLLOUT_ENTROPY_KEY, TOKEN_GLOBAL_STEPS_KEY
+from treetune_verl.batch_keys import (
+    HAS_ROLLOUT_ENTROPY_KEY,
+    MANAGED_ROW_KEY,
+    ROLLOUT_ENTROPY_KEY,
+    TOKEN_GLOBAL_STEPS_KEY,
+)
 from treetune_verl.patching import Wrap, swapped
 from treetune_verl.ppo.entropy_advantage import steer_advantages
 from treetune_verl.timing import OVER_SAMPLING, ROLLOUT_ENTROPY, SECONDS, STEERING, TRAINER_HOOKS, step_metrics
 from treetune_verl.trainer.features import RunFeatures
-from treetune_verl.trainer.metrics import actor_agreement_metrics, rollout_entropy_metrics
+from treetune_verl.trainer.metrics import actor_agreement_metrics, managed_session_metrics, rollout_entropy_metrics
 from treetune_verl.trainer.trainer_seams import agreement_is_defined
 from treetune_verl.trainer.v0_9_1.entropy_rows import rollout_entropy_rows
 from treetune_verl.verl_guard import VERL_CURRENT
@@ -90,17 +96,33 @@ def _rows(tensor: Any) -> list[torch.Tensor]:
     return list(tensor.unbind(0))
 
 
-def read_rollout_entropy(batch: Any) -> tuple[list[dict[str, torch.Tensor]], list[torch.Tensor]]:
-    """Every row's ``rollout_entropy`` / ``has_rollout_entropy`` (``entropy_rows.py``) and ``response_mask``, read
-    from TransferQueue for ``batch`` (a ``KVBatchMeta``)."""
+def _read_rows(batch: Any) -> tuple[list[dict | None], list[torch.Tensor], list[bool]]:
+    """Every row's ``extra_fields``, ``response_mask`` and whether verl added it as padding, read from TransferQueue
+    for ``batch`` (a ``KVBatchMeta``)."""
     import transfer_queue as tq
 
     fields = ["extra_fields", "response_mask"]
     data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
-    masks = _rows(data["response_mask"])
     padding = [bool(tag.get(PADDING_TAG, False)) for tag in batch.tags]
     extra_fields = data.pop("extra_fields").tolist()  # as verl reads it (trainer_base.py _compute_metrics)
+    return extra_fields, _rows(data["response_mask"]), padding
+
+
+def read_rollout_entropy(batch: Any) -> tuple[list[dict[str, torch.Tensor]], list[torch.Tensor]]:
+    """Every row's ``rollout_entropy`` / ``has_rollout_entropy`` (``entropy_rows.py``) and ``response_mask``, read
+    from TransferQueue for ``batch`` (a ``KVBatchMeta``)."""
+    extra_fields, masks, padding = _read_rows(batch)
     return rollout_entropy_rows(batch.keys, extra_fields, masks, padding), masks
+
+
+def managed_metrics(extra_fields: list[dict | None], padding: list[bool]) -> dict[str, float]:
+    """:func:`managed_session_metrics` of the real rows (verl's padding rows copy a real row's ``extra_fields``)."""
+    return managed_session_metrics(
+        [
+            None if pad else (fields or {}).get(MANAGED_ROW_KEY)
+            for fields, pad in zip(extra_fields, padding, strict=True)
+        ]
+    )
 
 
 def put_rollout_entropy(batch: Any, rows: list[dict[str, torch.Tensor]]) -> None:
@@ -125,7 +147,8 @@ def _wrap_compute_old_log_prob(original):
         batch = original(self, batch, metrics)
         # 1. rollout entropy into TransferQueue, and its metrics
         with SECONDS.timed(ROLLOUT_ENTROPY):
-            rows, masks = read_rollout_entropy(batch)
+            extra_fields, masks, padding = _read_rows(batch)
+            rows = rollout_entropy_rows(batch.keys, extra_fields, masks, padding)
             put_rollout_entropy(batch, rows)
             metrics.update({TRAINING_PREFIX + key: value for key, value in entropy_metrics(rows, masks).items()})
         # 2. agreement with the actor's entropy of the same tokens (absent in bypass mode: no actor pass)
@@ -136,6 +159,8 @@ def _wrap_compute_old_log_prob(original):
                 # with carry-over, rows with tokens of earlier weights are left out: the actor has the current ones
                 weights = self.global_steps - 1 if _FEATURES.carry_over else None
                 metrics.update(_agreement(batch, rows, masks, weights))
+            # 3. managed sessions: rows and branches per session, the agents' rewards, turns and tool calls
+            metrics.update(managed_metrics(extra_fields, padding))
         return batch
 
     return _compute_old_log_prob

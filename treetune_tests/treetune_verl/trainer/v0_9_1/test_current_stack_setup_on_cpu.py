@@ -21,10 +21,7 @@ from treetune_verl.trainer.features import check_current_stack
 
 pytestmark = pytest.mark.skipif(importlib.metadata.version("verl") != "0.9.1", reason="verl 0.9.1 (the current stack)")
 
-REFUSED = {  # feature -> words of its refusal
-    "forecast": "the live entropy forecast",
-    "managed_agent": "managed agent sessions",
-}
+REFUSED = {"forecast": "the live entropy forecast"}  # feature -> words of its refusal
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +135,19 @@ def test_carry_over_starts_on_verl_0_9_1_and_refuses_what_it_needs_by_key(proces
         without = [arg for arg in command_line if not arg.startswith(override.split("=")[0])] + [override]
         with pytest.raises(ValueError, match=words):
             _manager(_compose(without))
+
+
+def test_managed_sessions_start_on_verl_0_9_1_and_their_rows_are_refused_with_over_sampling(
+    process_setup, tiny_model_dir, tmp_path
+):
+    """Sessions of 2 rows start (n = 4: two sessions per prompt); with over-sampling they are refused naming both keys."""
+    rows = ["actor_rollout_ref.rollout.n=4", "+actor_rollout_ref.rollout.custom.managed.rows_per_session=2"]
+    config = _compose([*_command_line(("managed_agent",), tiny_model_dir, tmp_path), *rows])
+    features = check_current_stack(config, "0.9.1")
+    assert features.rows_per_session == 2 and features.enabled == ["rollout_entropy"]
+    _manager(config)  # not refused
+    with pytest.raises(ValueError, match="rows_per_session=2 with actor_rollout_ref.rollout.over_sample_rate"):
+        _manager(_compose([*_command_line(("managed_agent", "over_sampling"), tiny_model_dir, tmp_path), *rows]))
 
 
 @pytest.mark.parametrize("name", ["forking_tokens", "advantage_shaping"])

@@ -21,8 +21,9 @@ row misaligned by one position either way, or all zeros, would fail; verl's ``ro
 recomputation's log-probability of each sampled token; ``has_rollout_entropy`` is False exactly for the stock
 ``single_turn_agent`` row; nothing of the run is left after ``ray.shutdown()``.
 
-The second test is over-sampling on verl 0.9.1: the same path with our ``OverSamplingAgentLoopWorkerTQ`` workers and
-our replay buffer (``OverSampleReplayBuffer``) sampling as the V1 trainer does (its docstring).
+The second test is managed sessions of two rows each (its docstring); the third is over-sampling on verl 0.9.1: the
+same path with our ``OverSamplingAgentLoopWorkerTQ`` workers and our replay buffer (``OverSampleReplayBuffer``)
+sampling as the V1 trainer does (its docstring).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from treetune_tests.treetune_verl.agent_loop.standalone import (
     RESPONSE_LENGTH,
     check_entropy_row,
     driver_state_restored,  # noqa: F401  (fixture, used below)
+    last_turn_start,
     load_weights,
     model_with_short_turns,
     other_weights,
@@ -121,6 +123,9 @@ def _prompts(names: list[str], contents: list[str] | None = None, global_steps: 
             "index": np.arange(n),
             "extra_info": np.array([{"index": i} for i in range(n)], dtype=object),
             "uid": np.array([str(uuid.uuid4()) for _ in range(n)], dtype=object),
+            # what verl's reward function reads (rewards.counted_score, the managed test's)
+            "data_source": np.array(["v1"] * n, dtype=object),
+            "reward_model": np.array([{"ground_truth": "-"}] * n, dtype=object),
         }
     )
     if rollout_n is not None:
@@ -155,10 +160,13 @@ def _wait_for_rows(tq, uids: list[str]) -> dict[str, dict]:
 
 
 @contextlib.contextmanager
-def _v1_rollout(config, monkeypatch) -> Iterator[tuple]:
+def _v1_rollout(config, monkeypatch, reward_worker: bool = False) -> Iterator[tuple]:
     """Real Ray, TransferQueue, verl 0.9.1's standalone servers (our replica, chosen by the actor entry point) and the
-    block's manager: ``(session, servers, replica, manager)``; the caller checks ``session.left`` after the block."""
+    block's manager: ``(session, servers, replica, manager)``; the caller checks ``session.left`` after the block.
+    ``reward_worker``: the manager's workers score rows through one real verl ``RewardLoopWorker`` (``config.reward``),
+    as the trainer's reward loop manager hands them its workers."""
     import transfer_queue as tq
+    from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
     from verl.workers.rollout.llm_server import LLMServerManager
 
     import treetune_verl.trainer.actor_setup  # noqa: F401  (external_lib: what verl imports in the trainer's process)
@@ -170,10 +178,11 @@ def _v1_rollout(config, monkeypatch) -> Iterator[tuple]:
         try:
             servers = LLMServerManager.create(config=config)
             [replica] = servers.get_replicas()
+            rewards = [ray.remote(RewardLoopWorker).options(num_cpus=0).remote(config)] if reward_worker else None
             manager = EntropyAgentLoopManager.create(
-                config=config, llm_client=servers.get_client(), teacher_client=None, reward_loop_worker_handles=None
+                config=config, llm_client=servers.get_client(), teacher_client=None, reward_loop_worker_handles=rewards
             )
-            session.track(*replica.workers, *replica.servers, *manager.agent_loop_workers)
+            session.track(*replica.workers, *replica.servers, *manager.agent_loop_workers, *(rewards or []))
             yield session, servers, replica, manager
         finally:
             tq.close()
@@ -230,7 +239,114 @@ def test_v1_rollout_real_engine_matches_hf(tiny_model_dir, tmp_path, monkeypatch
         assert runs >= 2, masks[i]
 
 
-# Over-sampling (verl 0.9.1's replay buffer): the second test.
+# Managed sessions of two rows each, with the agent's own reward: the second test.
+MANAGED_N, ROWS_PER_SESSION = 4, 2  # rollout.n; rows per session: a prompt's 4 rows are 2 sessions
+MANAGED_LOOP = "treetune_verl.managed.agent_loop.ManagedAgentLoop"
+AGENTS = "treetune_tests.treetune_verl.managed.agents"
+MANAGED_LOOPS = [  # one managed loop per agent (the agent named in the loop's entry)
+    {"name": "managed_scored", "_target_": MANAGED_LOOP, "agent_fn": f"{AGENTS}:branching_agent"},
+    {"name": "managed_unscored", "_target_": MANAGED_LOOP, "agent_fn": f"{AGENTS}:unscored_branching_agent"},
+]
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU variant (declared GPU, CPU engine settings)")
+def test_v1_managed_sessions_of_two_scored_branches_are_rows_of_their_group(tiny_model_dir, tmp_path, monkeypatch):
+    """Two prompts of ``agents.branching_agent`` (a turn, a masked follow-up, two branches of the answer, each scored by
+    the agent) and two of the same branches unscored, ``rollout.n=4``, ``rows_per_session=2``, one real verl reward
+    worker whose reward function (``rewards.counted_score``) records each call. Each prompt's 4 rows reach
+    TransferQueue as 4 sessions of one output (``{uid}_{s}_0``), each with its own ``rm_scores`` at its last response
+    token, the agent's or (unscored) verl's reward function's, which runs for the unscored rows only; verl's GRPO
+    (``compute_advantage_for_multi_trajectories``, as the V1 trainer calls it) gives every row its own advantage; the
+    entropy and log-probs are within 1e-4 of HF at model tokens, 0 elsewhere; the ``managed/*`` metrics."""
+    import transfer_queue as tq
+    from transfer_queue import KVBatchMeta
+    from transformers import AutoModelForCausalLM
+    from verl.protocol import DataProto
+    from verl.trainer.ppo.core_algos import AdvantageEstimator
+    from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
+
+    from treetune_tests.treetune_verl.managed import rewards
+    from treetune_tests.treetune_verl.managed.agents import branch_score
+    from treetune_verl.trainer.v0_9_1.trainer_seams import managed_metrics, read_rollout_entropy
+
+    model_path = model_with_short_turns(tiny_model_dir, tmp_path / "tiny-short-turns")
+    calls_file = tmp_path / "reward_calls.txt"
+    calls_file.touch()
+    overrides = [
+        f"actor_rollout_ref.rollout.n={MANAGED_N}",
+        f"+actor_rollout_ref.rollout.custom.managed.rows_per_session={ROWS_PER_SESSION}",
+        f"reward.custom_reward_function.path={rewards.__file__}",
+        "reward.custom_reward_function.name=counted_score",
+        f"+reward.custom_reward_function.reward_kwargs.calls_file={calls_file}",
+    ]
+    config = _config(model_path, tmp_path / "cfg", loops=MANAGED_LOOPS, overrides=overrides)
+    names = ["managed_scored", "managed_scored", "managed_unscored", "managed_unscored"]
+    with _v1_rollout(config, monkeypatch, reward_worker=True) as (session, servers, replica, manager):
+        uids = _dispatch(manager, names)
+        rows = _wait_for_rows(tq, uids)
+        keys = [f"{uid}_{s}_0" for uid in uids for s in range(MANAGED_N)]  # one output per session, n sessions
+        assert sorted(rows) == sorted(keys), sorted(rows)
+        batch = KVBatchMeta(keys=keys, tags=[rows[key] for key in keys], partition_id="train")
+        built, masks = read_rollout_entropy(batch)
+        fields = ["prompts", "responses", "response_mask", "rollout_log_probs", "rm_scores", "extra_fields"]
+        data = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=fields)
+        prompts_ids = [p.tolist() for p in data["prompts"].unbind(0)]
+        responses = [r.tolist() for r in data["responses"].unbind(0)]
+        log_probs = list(data["rollout_log_probs"].unbind(0))
+        scores = list(data["rm_scores"].unbind(0))
+        extra_fields = data.pop("extra_fields").tolist()
+    assert not session.left, f"processes of the run left after ray.shutdown(): {session.left}"
+
+    # row r = prompt r // 4, session r % 4 = its (r % 4 // 2)-th session's branch r % 2
+    prompt_of, branch_of = [r // MANAGED_N for r in range(len(keys))], [r % 2 for r in range(len(keys))]
+    expected = [
+        branch_score(p, b) if names[p] == "managed_scored" else rewards.COUNTED_SCORE
+        for p, b in zip(prompt_of, branch_of, strict=True)
+    ]
+    for r, score in enumerate(scores):
+        assert score[-1].item() == pytest.approx(expected[r]) and not score[:-1].any(), f"row {keys[r]}: {score}"
+    assert sorted(calls_file.read_text().split()) == ["2"] * 4 + ["3"] * 4  # the unscored prompts' rows only
+    assert [f.get("reward_extra_info", {}).get("branch") for f in extra_fields[:8]] == [0.0, 1.0] * 4
+
+    # verl's GRPO over the rows, as the V1 trainer calls it: each row its own advantage in a group of 4
+    rewards_per_token = torch.nn.utils.rnn.pad_sequence(scores, batch_first=True)
+    response_mask = torch.nn.utils.rnn.pad_sequence(masks, batch_first=True)
+    grpo = DataProto.from_dict(
+        tensors={"token_level_rewards": rewards_per_token, "response_mask": response_mask},
+        non_tensors={"uid": np.array([uids[p] for p in prompt_of], dtype=object)},
+    )
+    grpo = compute_advantage_for_multi_trajectories(grpo, keys, AdvantageEstimator.GRPO, num_repeat=MANAGED_N)
+    group = torch.tensor(expected, dtype=torch.float32).view(len(uids), MANAGED_N)
+    want = ((group - group.mean(-1, keepdim=True)) / (group.std(-1, keepdim=True) + 1e-6)).flatten()
+    first = response_mask.argmax(dim=1)
+    got = grpo.batch["advantages"][torch.arange(len(keys)), first]
+    assert torch.allclose(got, want, atol=1e-5), (got, want)
+    assert got[:8].abs().min() > 0.1  # the scored groups' branches differ: no row took its sibling's advantage
+
+    metrics = managed_metrics(extra_fields, [False] * len(keys))
+    assert metrics["managed/rows_per_session/mean"] == metrics["managed/branches_per_session/mean"] == 2
+    assert metrics["managed/agent_scored_ratio"] == 0.5 and metrics["managed/turns_per_row/mean"] == 2
+    assert metrics["managed/agent_reward/mean"] == pytest.approx(np.mean(expected[:8]))
+
+    hf = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32).eval()
+    worst = 0.0
+    for r, key in enumerate(keys):
+        got_entropy, mask = built[r][ROLLOUT_ENTROPY_KEY].double(), masks[r].bool()
+        expected_entropy, token_logp = teacher_forced(hf, prompts_ids[r], responses[r])
+        error, *_ = check_entropy_row(f"row {key}", got_entropy, expected_entropy, mask, ATOL)
+        logprob_error = (log_probs[r].double() - token_logp)[mask].abs().max().item()
+        assert logprob_error <= ATOL, f"row {key}: rollout_log_probs differ from HF by {logprob_error:.3g}"
+        worst = max(worst, error, logprob_error)
+    for r in range(0, len(keys), 2):  # a session's two rows: one prompt, identical tokens up to their branch
+        start = last_turn_start(masks[r])
+        assert prompts_ids[r] == prompts_ids[r + 1] and start == last_turn_start(masks[r + 1])
+        assert responses[r][:start] == responses[r + 1][:start]
+    print(f"{len(keys)} rows; GRPO advantages {got.tolist()}; largest |entropy or log-prob - HF| {worst:.2e}")
+
+
+# Over-sampling (verl 0.9.1's replay buffer): the third test.
 LONG = 4 * RESPONSE_LENGTH  # tokens of a slow row (the tiny model has 1024 positions)
 GROUPS = {  # group -> (loop, prompt), in the batch's order
     "A": ("entropy_single_turn_agent", "A: say something short"),
