@@ -101,6 +101,14 @@ FORECAST_KEYS = (
     "probe/deltaH_realised_first_step",
     "timing_s/probe",
     "probe/cost_ratio",
+    # the early warning (forecast/early_warning.py): the projection and both warnings, every forecast
+    "probe/warning/entropy",
+    "probe/warning/rate",
+    "probe/warning/steps_to_floor",
+    "probe/warning/steps_to_floor_realised",
+    "probe/warning/disagree_streak",
+    "probe/warning/collapse",
+    "probe/warning/disagree",
 )
 TREETUNE_TIMING = "timing_s/treetune/"  # treetune_verl/timing.py: our seconds per feature and step
 TREETUNE_SHARE = "treetune/share_of_step"

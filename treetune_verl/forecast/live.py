@@ -31,6 +31,9 @@ from verl's gradient (PPO clip at ratio 1 on the first mini-batch, its aggregati
 samples are independent of U's, so ⟨X̄, Δθ⟩ is unbiased for ⟨∇H, Δθ⟩ and the importance-weighted realised change is
 unbiased too (θ′ depends on U only).
 
+Each forecast's metrics also go through the run's early warning (``early_warning.py``, kept in ``ForecastState``
+across updates): the entropy's projection to a floor and the forecast/realised disagreement, ``probe/warning/*``.
+
 FSDP2: Δθ is over this rank's shards (``sharding.py``); every forward sees the whole model (FSDP gathers the shards),
 so each rank's central-difference ⟨X_b, Δθ⟩ is whole for its own prompts, and the mean and standard error are over
 all W·B prompts. A backward's gradient is averaged over the ranks instead, so the backward method's shard inner
@@ -55,6 +58,7 @@ from treetune_verl.forecast.directional import (
     x_directional_derivatives,
     x_directional_derivatives_by_backward,
 )
+from treetune_verl.forecast.early_warning import EarlyWarning, WarningSettings
 from treetune_verl.forecast.settings import SECTION, ForecastSettings
 from treetune_verl.forecast.sharding import is_sharded, reshard
 from treetune_verl.forecast.step_weights import WeightsAroundStep
@@ -119,6 +123,13 @@ class ForecastState:
     temperature: float | None = None
     calls: int = 0  # update_actor calls seen (the update_actor seam's every-k count)
     last_eval: dict[str, torch.Tensor] | None = None  # this rank's E of the last forecast (a probe batch)
+    early_warning: EarlyWarning | None = None  # the projection and warnings across forecasts
+
+    def warning(self, settings: WarningSettings) -> EarlyWarning:
+        """The run's :class:`EarlyWarning` (a new one when the settings changed)."""
+        if self.early_warning is None or self.early_warning.settings != settings:
+            self.early_warning = EarlyWarning(settings)
+        return self.early_warning
 
     def components_for(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, settings: ForecastSettings, temperature: float
@@ -215,6 +226,7 @@ class ForecastRun:
     ) -> None:
         start = time.perf_counter()
         self._actor = actor
+        self._warning = state.warning(settings.early_warning)
         model = actor.actor_module
         _check_model(model)
         self._by_backward = use_backward(settings.method, model)
@@ -331,4 +343,5 @@ class ForecastRun:
         metrics[PREFIX + "update_s"] = update_s
         metrics["timing_s/probe"] = probe_s
         metrics[PREFIX + "cost_ratio"] = probe_s / update_s if update_s > 0 else float("nan")
+        metrics.update(self._warning.observe(metrics, log=world()[0] == 0))  # the same on every rank; rank 0 logs
         return metrics

@@ -13,6 +13,9 @@ the actor worker holds the whole ``actor_rollout_ref`` section, so it reads the 
                              precision), ``central_difference`` (refused below float32) or ``backward``
     probe: dict              a partial probe config (``treetune_verl/probe/config/probe.yaml``: ``estimator.*``,
                              ``probe.buffers_dtype``...), merged and validated by the probe's ``resolve_config``
+    early_warning: dict      the projection and warnings (``early_warning.py``): ``floor`` (nats per budget token,
+                             0.1), ``horizon`` (steps, 100), ``window`` (forecasts in the rate, 3), ``z`` (2.0),
+                             ``consecutive`` (3)
 
 A section that is absent or null turns the forecast off; anything else wrong raises ``ValueError`` naming the key.
 E is sampled from, and its entropy is that of, the actor's policy at the rollout's temperature over the whole
@@ -29,12 +32,13 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from treetune_verl.config.job_config import is_int
+from treetune_verl.forecast.early_warning import WarningSettings, warning_settings
 from treetune_verl.probe.config import resolve_config
 
 SECTION = "actor_rollout_ref.rollout.custom.entropy_forecast"
 ESTIMATORS = ("naive", "rb_residual")
 METHODS = ("auto", "central_difference", "backward")
-_KEYS = {"every", "estimators", "seed", "method", "probe"}
+_KEYS = {"every", "estimators", "seed", "method", "probe", "early_warning"}
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,7 @@ class ForecastSettings:
     seed: int = 0
     method: str = "auto"
     probe: dict[str, Any] = field(default_factory=dict)
+    early_warning: WarningSettings = field(default_factory=WarningSettings)
 
     def probe_config(self, estimator: str, temperature: float) -> DictConfig:
         """The probe's resolved config for one X estimator under the actor's policy (temperature, top-p = 1)."""
@@ -108,7 +113,8 @@ def forecast_settings(rollout_config: Any) -> ForecastSettings | None:
     probe = _plain(section.get("probe")) or {}
     if not isinstance(probe, Mapping):
         raise ValueError(f"{SECTION}.probe must be a mapping (a partial probe config), got {probe!r}")
-    settings = ForecastSettings(int(every), tuple(estimators), int(seed), str(method), dict(probe))
+    early_warning = warning_settings(_plain(section.get("early_warning")), f"{SECTION}.early_warning")
+    settings = ForecastSettings(int(every), tuple(estimators), int(seed), str(method), dict(probe), early_warning)
     for estimator in settings.estimators:
         try:
             settings.probe_config(estimator, 1.0)
