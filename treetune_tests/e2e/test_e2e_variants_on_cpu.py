@@ -46,8 +46,9 @@ RESUME = REPO_ROOT / "outputs" / "e2e-test-resume"
 CURRENT = importlib.metadata.version("verl") == "0.9.1"  # the current stack (verl 0.9.1's V1 trainer)
 # What the block adds on each stack (the current stack's server selection needs the actor entry point too).
 BLOCK_EXTRA = ["actor_rollout_ref.model.external_lib=treetune_verl.trainer.actor_setup"] if CURRENT else []
-# The agent-loop worker class in the log: ours on verl 0.7.1, verl's TransferQueue worker on 0.9.1.
-WORKER_CLASS = "AgentLoopWorkerTQ" if CURRENT else "EntropyAgentLoopWorker"
+# The agent-loop worker class in the log: ours on both stacks (on verl 0.9.1 a subclass of verl's TransferQueue worker,
+# agent_loop/session_rows_worker_tq.py).
+WORKER_CLASS = "SessionRowsWorkerTQ" if CURRENT else "EntropyAgentLoopWorker"
 
 
 def _compose(overrides: list[str]):
