@@ -30,6 +30,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from treetune_verl.config.job_config import is_int
+
 logger = logging.getLogger(__name__)
 
 PREFIX = "probe/warning/"
@@ -55,8 +57,12 @@ class EarlyWarning:
     settings: WarningSettings = field(default_factory=WarningSettings)
     forecasts: int = 0
     streak: int = 0
-    _rates: deque = field(default_factory=deque)
-    _realised: deque = field(default_factory=deque)
+    _rates: deque = field(init=False)  # the last `window` forecast rates per training step
+    _realised: deque = field(init=False)  # the last `window` realised changes per update
+
+    def __post_init__(self) -> None:
+        self._rates = deque(maxlen=self.settings.window)
+        self._realised = deque(maxlen=self.settings.window)
 
     def observe(self, metrics: Mapping[str, float], log: bool = True) -> dict[str, float]:
         """The ``probe/warning/*`` metrics of one forecast's ``probe/*`` metrics; logs a warning line for each
@@ -73,14 +79,10 @@ class EarlyWarning:
         forecast = _get(metrics, f"probe/deltaH1/{estimator}")
         steps = _get(metrics, "probe/optimizer_steps")
         entropy = _get(metrics, "probe/H_before") + _get(metrics, "probe/deltaH_realised")
-        for series, value in (
-            (self._rates, forecast * steps),
-            (self._realised, _get(metrics, "probe/deltaH_realised")),
-        ):
-            series.append(value)
-            while len(series) > s.window:
-                series.popleft()
-        to_floor = _steps_to_floor(entropy, _mean(self._rates), s.floor, s.horizon)
+        self._rates.append(forecast * steps)
+        self._realised.append(_get(metrics, "probe/deltaH_realised"))
+        rate = _mean(self._rates)
+        to_floor = _steps_to_floor(entropy, rate, s.floor, s.horizon)
         se = math.hypot(
             metrics.get(f"probe/deltaH1_se/{estimator}", math.nan),
             metrics.get("probe/deltaH_realised_first_step_se", math.nan),
@@ -92,7 +94,7 @@ class EarlyWarning:
             logger.warning(
                 f"entropy early warning (forecast {self.forecasts}): entropy {entropy:.4g} nats per budget token is "
                 f"projected to reach the floor {s.floor:g} in {to_floor:.1f} training steps at the forecast rate "
-                f"{_mean(self._rates):.3g} per step ({estimator}, mean of the last {len(self._rates)} forecasts)"
+                f"{rate:.3g} per step ({estimator}, mean of the last {len(self._rates)} forecasts)"
             )
         if log and disagree:
             logger.warning(
@@ -103,7 +105,7 @@ class EarlyWarning:
         return {
             PREFIX + "floor": s.floor,
             PREFIX + "entropy": entropy,
-            PREFIX + "rate": _mean(self._rates),
+            PREFIX + "rate": rate,
             PREFIX + "steps_to_floor": to_floor,
             PREFIX + "steps_to_floor_realised": _steps_to_floor(entropy, _mean(self._realised), s.floor, s.horizon),
             PREFIX + "disagreement_z": z,
@@ -129,7 +131,7 @@ def warning_settings(section: Any, where: str) -> WarningSettings:
         raise ValueError(f"{where}: unknown keys {unknown} (known: {sorted(vars(defaults))})")
     values = {**vars(defaults), **section}
     for key in ("horizon", "window", "consecutive"):
-        if isinstance(values[key], bool) or not isinstance(values[key], int) or values[key] < 1:
+        if not is_int(values[key]) or values[key] < 1:
             raise ValueError(f"{where}.{key} must be an integer >= 1, got {values[key]!r}")
     for key in ("floor", "z"):
         value = values[key]

@@ -112,9 +112,9 @@ class ManagedAgentLoop(AgentLoopBase):
         branches = len(managed.leaves())
         outputs = [self.to_output(row, rows=len(rows), branches=branches) for row in rows]
         if backend.weight_versions:  # verl 0.9.1: the V1 trainer tags each row with them (staleness control)
+            oldest, newest = min(backend.weight_versions), max(backend.weight_versions)
             for output in outputs:
-                output.extra_fields["min_global_steps"] = min(backend.weight_versions)
-                output.extra_fields["max_global_steps"] = max(backend.weight_versions)
+                output.extra_fields.update(min_global_steps=oldest, max_global_steps=newest)
         return outputs[0] if len(outputs) == 1 else outputs
 
     def to_output(self, row: ScoredNode, rows: int = 1, branches: int = 1) -> AgentLoopOutput:
