@@ -48,3 +48,11 @@ TOKEN_GLOBAL_STEPS_KEY = "token_global_steps"
 # "turns", "tool_calls", "agent_score"} of a managed session's row, None for other rows), popped by the manager for
 # the step's managed/* metrics.
 MANAGED_ROW_KEY = "treetune_managed_row"
+
+# DataProto.meta_info, rollout -> actor on a training step with the live forecast: E's responses sampled by the rollout's
+# servers (forecast/rollout_eval.py EvalResponses), None on a step without a forecast; never a row of the batch
+FORECAST_EVAL_META_KEY = "treetune_forecast_eval"
+# DataProto.non_tensor_batch, object [B], the live forecast's E (forecast/rollout_eval.py): manager -> worker, the
+# EvalPlan on the first row of each uid (None elsewhere); worker -> manager, that uid's SampledEval on the same row
+FORECAST_EVAL_PLAN_KEY = "treetune_forecast_eval_plan"
+FORECAST_EVAL_KEY = "treetune_forecast_eval_sampled"

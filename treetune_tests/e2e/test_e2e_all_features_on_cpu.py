@@ -77,5 +77,9 @@ def test_grpo_with_every_feature_on_trains_every_step():
         assert metrics["probe/optimizer_steps"] == 1
         assert metrics["probe/deltaH_realised_first_step"] == metrics["probe/deltaH_realised"]
         assert metrics["timing_s/probe"] > 0 and metrics["probe/step_norm"] > 0
+        # E sampled by the rollout's sglang server beside the step's rollout, none in the actor; half of the four
+        # prompts (eval_share 0.5)
+        assert metrics["probe/sample_s"] == 0 and metrics["probe/eval_prompts"] == 2
+        assert metrics["probe/eval_gen_s"] > 0 and 0 < metrics["probe/eval_gen_token_share"] < 1
     assert (WORKDIR / "entropy_forecast.png").read_bytes()[:4] == b"\x89PNG"
     print(result.stdout[-2000:])

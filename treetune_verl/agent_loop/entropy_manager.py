@@ -28,6 +28,7 @@ from treetune_verl.agent_loop.worker import EntropyAgentLoopWorker
 from treetune_verl.batch_keys import (
     CARRIED_ROW_KEY,
     CARRY_RECORD_KEY,
+    FORECAST_EVAL_META_KEY,
     HAS_ROLLOUT_ENTROPY_KEY,
     MANAGED_ROW_KEY,
     OVER_SAMPLE_META_KEY,
@@ -38,6 +39,7 @@ from treetune_verl.batch_keys import (
     ROLLOUT_RESUMED_TOKENS_KEY,
     TIMING_KEY,
 )
+from treetune_verl.forecast.rollout_eval import RolloutEval
 from treetune_verl.ppo import advantage  # noqa: F401  (registers grpo_valid / rloo_valid in the trainer's process)
 from treetune_verl.rollout.rollout_config import CONFIG_PATH, check_rollout_config
 from treetune_verl.timing import OVER_SAMPLING, ROLLOUT_ENTROPY, SECONDS
@@ -75,6 +77,10 @@ class EntropyAgentLoopManager(AgentLoopManager):
     and this manager hands each row what it resumes from and keeps what the aborted rows generated
     (``rollout/carry_over/...`` metrics).
 
+    The live forecast (``rollout.custom.entropy_forecast``): on its training steps the workers also sample E, the
+    forecast's fresh responses, on the same servers while the batch's rollout runs, and this manager hands them to the
+    actor beside the batch (:attr:`rollout_eval`, ``forecast/rollout_eval.py``; ``probe/eval_gen_{s,token_share}``).
+
     The trainer-side features (the agreement and validation metrics, aborted rows' reward, entropy steering) run in
     the trainer's own seams, installed here with the run's features read from the trainer's config
     (``treetune_verl/trainer/trainer_setup.py``, which also refuses combinations that cannot run).
@@ -108,6 +114,7 @@ class EntropyAgentLoopManager(AgentLoopManager):
         # Started before training (a Ray actor takes seconds to start): one per manager, a key per step.
         self._completion_counter: Any = CompletionCounter.remote() if features.aborts_rows else None
         self.carry_over = CarryOver(features.max_staleness) if features.carry_over else None
+        self.rollout_eval = RolloutEval(features.forecast, rollout_config) if features.forecast is not None else None
         if not hasattr(self, "rollout_replica_class"):
             # Imported here: it imports sglang, which only the processes that start servers need.
             from treetune_verl.rollout.replica import EntropySGLangReplica
@@ -130,6 +137,9 @@ class EntropyAgentLoopManager(AgentLoopManager):
         if not validate and self._completion_counter is not None:
             with SECONDS.timed(OVER_SAMPLING):
                 step = await self._begin_over_sample(prompts)
+        eval_due = self.rollout_eval is not None and self.rollout_eval.due(prompts)
+        if eval_due:
+            self.rollout_eval.mark(prompts)
         start = time.perf_counter()
         try:
             output = await super().generate_sequences(prompts)
@@ -155,6 +165,11 @@ class EntropyAgentLoopManager(AgentLoopManager):
             pending.update(carry_metrics)
             if managed_rows is not None:
                 pending.update(managed_session_metrics(list(managed_rows)))
+            if eval_due:
+                output.meta_info[FORECAST_EVAL_META_KEY], eval_metrics = self.rollout_eval.collect(prompts, output)
+                pending.update(eval_metrics)
+            elif self.rollout_eval is not None:
+                output.meta_info[FORECAST_EVAL_META_KEY] = None  # the actor follows the rollout: no forecast
         return output
 
     def _keep_aborted(self, prompts: DataProto, output: DataProto) -> dict[str, float]:

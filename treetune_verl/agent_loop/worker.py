@@ -8,12 +8,14 @@ order they run in, outermost first:
 
 0. managed sessions of several rows (``session_rows_worker.SessionRowsWorker``): a session's k rows become k
    consecutive rows of its prompt, each passing the features below as a row of its own;
-1. carry-over (``carry_over_worker.CarryOverWorker``): resumes a carried row with the continuation loop, records
+1. the live forecast's E (``forecast_eval_worker.ForecastEvalWorker``): on the rows the manager marked, E's requests
+   started as soon as the row's agent loop has returned its prompt ids, beside the rest of the batch;
+2. carry-over (``carry_over_worker.CarryOverWorker``): resumes a carried row with the continuation loop, records
    what an aborted row generated before it is emptied;
-2. rollout entropy (``entropy_worker.RolloutEntropyWorker``): pads each row's entropy once the row is final;
-3. sessions and over-sampling with abort (``over_sample_worker.OverSamplingAgentLoopWorker``): names every
+3. rollout entropy (``entropy_worker.RolloutEntropyWorker``): pads each row's entropy once the row is final;
+4. sessions and over-sampling with abort (``over_sample_worker.OverSamplingAgentLoopWorker``): names every
    trajectory's requests, settles it by its group or aborts it, empties an aborted row, marks ``rollout_aborted``;
-4. verl's ``AgentLoopWorker``.
+5. verl's ``AgentLoopWorker``.
 
 The seconds the features spent in this worker for a batch (``treetune_verl/timing.py``) leave with the batch, on
 its first row (``batch_keys.TIMING_KEY``), for the manager to add to the step's. Importing this module registers the
@@ -36,15 +38,18 @@ from treetune_verl.agent_loop import (  # noqa: F401
 )
 from treetune_verl.agent_loop.carry_over_worker import CarryOverWorker
 from treetune_verl.agent_loop.entropy_worker import RolloutEntropyWorker
+from treetune_verl.agent_loop.forecast_eval_worker import ForecastEvalWorker
 from treetune_verl.agent_loop.over_sample_worker import OverSamplingAgentLoopWorker
 from treetune_verl.agent_loop.session_rows_worker import SessionRowsWorker
 from treetune_verl.batch_keys import TIMING_KEY
 from treetune_verl.timing import SECONDS
 
 
-class EntropyAgentLoopWorker(SessionRowsWorker, CarryOverWorker, RolloutEntropyWorker, OverSamplingAgentLoopWorker):
-    """``batch["rollout_entropy"]`` / ``has_rollout_entropy``, ``batch["rollout_aborted"]``, carried rows and
-    managed sessions' rows (module docstring)."""
+class EntropyAgentLoopWorker(
+    SessionRowsWorker, ForecastEvalWorker, CarryOverWorker, RolloutEntropyWorker, OverSamplingAgentLoopWorker
+):
+    """``batch["rollout_entropy"]`` / ``has_rollout_entropy``, ``batch["rollout_aborted"]``, carried rows, managed
+    sessions' rows and the live forecast's E (module docstring)."""
 
     def _postprocess(
         self, inputs: list[_InternalAgentLoopOutput], input_non_tensor_batch: dict | None = None

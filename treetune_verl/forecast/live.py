@@ -6,8 +6,10 @@ Shape notation (this rank): B = prompts of E, G = responses per prompt (``rollou
 R = the response budget (``data.max_response_length``). Units: nats per budget token (H_seq / R, the probe's target
 with L_max = R fixed, so its normalised estimators are unbiased).
 
-E = the prompts of the batch verl is about to train on (``verl_batch.py``) with G fresh responses each, sampled from
-the actor at θ before anything moves; U = the batch itself, through verl's own loss. At the update's first optimizer
+E = the prompts of the batch verl is about to train on with G fresh responses each, sampled at θ before anything
+moves: by the rollout's sglang servers with the step's rollout when our manager ran it (``rollout_eval.py``, handed
+over in the batch's ``meta_info``), else here from the actor with HF-style decoding (``verl_batch.py``,
+``sample_eval_batch``); U = the batch itself, through verl's own loss. At the update's first optimizer
 step (``DataParallelPPOActor._optimizer_step``, once per mini-batch; the first one holds verl's gradient of the first
 mini-batch at θ):
 
@@ -51,6 +53,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from treetune_verl.batch_keys import FORECAST_EVAL_META_KEY
 from treetune_verl.forecast.directional import (
     compute_dtype,
     sequence_sums,
@@ -62,7 +65,7 @@ from treetune_verl.forecast.early_warning import EarlyWarning, WarningSettings
 from treetune_verl.forecast.settings import SECTION, ForecastSettings
 from treetune_verl.forecast.sharding import is_sharded, reshard
 from treetune_verl.forecast.step_weights import WeightsAroundStep
-from treetune_verl.forecast.verl_batch import eval_prompts, world
+from treetune_verl.forecast.verl_batch import eval_prompts, rollout_eval_share, world
 from treetune_verl.patching import swapped
 from treetune_verl.probe.batch import make_probe_batch
 from treetune_verl.probe.components import ProbeComponents
@@ -207,6 +210,9 @@ class ForecastRun:
     The caller routes verl's ``_optimizer_step`` through :meth:`optimizer_step` for the duration of the update: the
     actor seam (``treetune_verl/trainer/actor_seams.py``) in verl's trainer, :meth:`around` elsewhere.
 
+    E is the rollout's (``data.meta_info[FORECAST_EVAL_META_KEY]``, an ``EvalResponses``) when given, else sampled
+    here (``probe/sample_s``).
+
     Args:
         actor: verl's ``DataParallelPPOActor``: ``actor_module`` (FSDP-wrapped model), ``actor_optimizer``,
             ``config.ppo_micro_batch_size_per_gpu`` (or ``ppo_max_token_len_per_gpu``) for E's forwards.
@@ -233,18 +239,20 @@ class ForecastRun:
         temperature = float(data.meta_info["temperature"])
         self._comps = state.components_for(model, actor.actor_optimizer, settings, temperature)
         self._first = next(iter(self._comps.values()))
-        self._prompts = eval_prompts(data)
-        seed = (settings.seed * 1_000_003 + state.calls) * 1_009 + world()[0]  # fresh samples per step and rank
-        self._E = sample_eval_batch(
-            model,
-            self._prompts.prompt_ids,
-            rollout_n,
-            int(data.batch["responses"].shape[1]),
-            temperature,
-            int(data.meta_info.get("pad_token_id", 0)),
-            eos_token_ids,
-            seed,
-        )
+        pad_token_id = int(data.meta_info.get("pad_token_id", 0))
+        sampled_by_rollout = data.meta_info.get(FORECAST_EVAL_META_KEY)
+        self._sample_s = 0.0  # sampling E here (none when the rollout sampled it)
+        if sampled_by_rollout is not None:
+            self._prompts, self._E = rollout_eval_share(sampled_by_rollout, pad_token_id)
+        else:
+            sample_start = time.perf_counter()
+            self._prompts = eval_prompts(data, settings.eval_uids)
+            seed = (settings.seed * 1_000_003 + state.calls) * 1_009 + world()[0]  # fresh samples per step and rank
+            budget = int(data.batch["responses"].shape[1])
+            self._E = sample_eval_batch(
+                model, self._prompts.prompt_ids, rollout_n, budget, temperature, pad_token_id, eos_token_ids, seed
+            )
+            self._sample_s = time.perf_counter() - sample_start
         state.last_eval = self._E
         self._sharded = any(is_sharded(p) for p in self._first.params)
         self._mb_prompts = forward_prompts(actor, rollout_n, int(data.batch["input_ids"].shape[1]))
@@ -253,7 +261,7 @@ class ForecastRun:
         self._stats: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # (S, F) of E at θ and θ′ (first step)
         self._steps = 0
         now = time.perf_counter()
-        self._sample_s, self._probe_s, self._update_start = now - start, 0.0, now
+        self._setup_s, self._probe_s, self._update_start = now - start, 0.0, now
 
     def optimizer_step(self, verl_step: Callable[[], Any]) -> Any:
         """verl's optimizer step; at the first one, the forecast of it (its time is the forecast's, not verl's)."""
@@ -329,7 +337,7 @@ class ForecastRun:
         if self._steps > 1:
             after = sequence_sums(token_values(self._first, self._E, self._mb_prompts))
             change, change_se, _ = realised_change(before, after, budget)
-        probe_s = self._probe_s + self._sample_s + time.perf_counter() - start
+        probe_s = self._probe_s + self._setup_s + time.perf_counter() - start
         metrics = self._metrics
         metrics[PREFIX + "deltaH_realised"] = change
         metrics[PREFIX + "deltaH_realised_first_step"] = first_step

@@ -5,9 +5,14 @@
 ``custom`` is verl's free-form extension point of ``RolloutConfig`` (the actor's own config is a closed dataclass);
 the actor worker holds the whole ``actor_rollout_ref`` section, so it reads the forecast's keys there. Keys:
 
-    every: int >= 1          forecast the update of every k-th ``update_actor`` call of this worker (1, 1+k, ...)
+    every: int >= 1          forecast every k-th training step's update (1, 1+k, ...; the rollout manager's count of
+                             training calls when it samples E, else this worker's ``update_actor`` calls)
     estimators: list         X estimators, a non-empty subset of [naive, rb_residual] (naive needs rollout.n >= 2)
-    seed: int                seeds E's sampling (with the step and the rank)
+    eval_share: float        the share of the step's distinct prompts in E, in (0, 1] (0.5): the first
+                             ⌈share · B⌉ uids in sorted order (verl's uids are random), ``rollout.n`` responses each;
+                             the forecast's cost and its standard errors' 1/√size scale with it
+    seed: int                seeds E's sampling in the actor (with the step and the rank), the fallback without our
+                             rollout manager; sglang's sampling of E is seeded as the rollout's is
     method: str              how ⟨X_b, Δθ⟩ is taken (``directional.py``): ``auto`` (central differences of three
                              forwards when the actor computes in float32, backward passes below it, e.g. bf16 mixed
                              precision), ``central_difference`` (refused below float32) or ``backward``
@@ -18,13 +23,15 @@ the actor worker holds the whole ``actor_rollout_ref`` section, so it reads the 
                              ``consecutive`` (3)
 
 A section that is absent or null turns the forecast off; anything else wrong raises ``ValueError`` naming the key.
-E is sampled from, and its entropy is that of, the actor's policy at the rollout's temperature over the whole
+E is sampled by the rollout's sglang servers beside the step's rollout when our manager runs it (``rollout_eval.py``),
+else in the actor. Either way it is sampled from, and its entropy is that of, the actor's policy at the rollout's temperature over the whole
 vocabulary (top-p = 1), the policy verl's actor computes its log-probabilities and ``actor/entropy`` with: the
 forecast's directional derivatives (``directional.py``) need it differentiable, which a nucleus cut is not.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,17 +45,23 @@ from treetune_verl.probe.config import resolve_config
 SECTION = "actor_rollout_ref.rollout.custom.entropy_forecast"
 ESTIMATORS = ("naive", "rb_residual")
 METHODS = ("auto", "central_difference", "backward")
-_KEYS = {"every", "estimators", "seed", "method", "probe", "early_warning"}
+_KEYS = {"every", "estimators", "eval_share", "seed", "method", "probe", "early_warning"}
 
 
 @dataclass(frozen=True)
 class ForecastSettings:
     every: int = 1
     estimators: tuple[str, ...] = ESTIMATORS
+    eval_share: float = 0.5
     seed: int = 0
     method: str = "auto"
     probe: dict[str, Any] = field(default_factory=dict)
     early_warning: WarningSettings = field(default_factory=WarningSettings)
+
+    def eval_uids(self, uids: list[str]) -> list[str]:
+        """E's prompts among a step's distinct ``uids``: the first ⌈eval_share · B⌉ in sorted order."""
+        ordered = sorted(set(uids))
+        return ordered[: math.ceil(self.eval_share * len(ordered) - 1e-9)]  # 1e-9: 0.3 * 10 is 3, not 4
 
     def probe_config(self, estimator: str, temperature: float) -> DictConfig:
         """The probe's resolved config for one X estimator under the actor's policy (temperature, top-p = 1)."""
@@ -104,6 +117,9 @@ def forecast_settings(rollout_config: Any) -> ForecastSettings | None:
         raise ValueError(
             f"{SECTION}.estimators must be a non-empty list of distinct {list(ESTIMATORS)}, got {estimators!r}"
         )
+    eval_share = section.get("eval_share", 0.5)
+    if isinstance(eval_share, bool) or not isinstance(eval_share, int | float) or not 0 < eval_share <= 1:
+        raise ValueError(f"{SECTION}.eval_share must be a number in (0, 1], got {eval_share!r}")
     seed = section.get("seed", 0)
     if not is_int(seed) or seed < 0:
         raise ValueError(f"{SECTION}.seed must be an integer >= 0, got {seed!r}")
@@ -114,7 +130,9 @@ def forecast_settings(rollout_config: Any) -> ForecastSettings | None:
     if not isinstance(probe, Mapping):
         raise ValueError(f"{SECTION}.probe must be a mapping (a partial probe config), got {probe!r}")
     early_warning = warning_settings(_plain(section.get("early_warning")), f"{SECTION}.early_warning")
-    settings = ForecastSettings(int(every), tuple(estimators), int(seed), str(method), dict(probe), early_warning)
+    settings = ForecastSettings(
+        int(every), tuple(estimators), float(eval_share), int(seed), str(method), dict(probe), early_warning
+    )
     for estimator in settings.estimators:
         try:
             settings.probe_config(estimator, 1.0)

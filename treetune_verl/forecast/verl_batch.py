@@ -12,14 +12,22 @@ by length, which splits groups, so every rank gathers the (uid, prompt ids) of a
 only), sorts the distinct prompts by uid and takes prompts ``rank, rank + W, ...`` up to the same count on every rank
 (FSDP's collectives need the same number of passes everywhere; at most W - 1 prompts are left out). E's responses
 are then sampled fresh (``live.py``), so that E is independent of U's responses.
+
+When the rollout sampled E (``rollout_eval.py``: every rank gets all of it in the batch's ``meta_info``), each rank
+takes its share of E's prompts the same way (:func:`rollout_eval_share`), with their responses.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from verl import DataProto
+
+from treetune_verl.forecast.rollout_eval import EvalResponses
+from treetune_verl.forecast.settings import SECTION
+from treetune_verl.probe.batch import make_probe_batch
 
 
 @dataclass(frozen=True)
@@ -57,11 +65,12 @@ def _prompts(data: DataProto) -> dict[str, list[int]]:
     return {str(uid): input_ids[i][prompt_mask[i]].tolist() for i, uid in enumerate(data.non_tensor_batch["uid"])}
 
 
-def eval_prompts(data: DataProto) -> EvalPrompts:
-    """This rank's share of the distinct prompts of the global batch (the same count on every rank).
+def eval_prompts(data: DataProto, select: Callable[[list[str]], list[str]]) -> EvalPrompts:
+    """This rank's share of E's prompts, ``select(uids)`` of the global batch's distinct ``uids`` (the forecast's
+    ``ForecastSettings.eval_uids``), the same count on every rank.
 
     Raises:
-        ValueError: no ``uid``, or fewer distinct prompts than data-parallel ranks.
+        ValueError: no ``uid``, or fewer of E's prompts than data-parallel ranks.
     """
     rank, size = world()
     prompts = _prompts(data)
@@ -69,10 +78,37 @@ def eval_prompts(data: DataProto) -> EvalPrompts:
         gathered: list[dict[str, list[int]]] = [None] * size  # type: ignore[list-item]
         torch.distributed.all_gather_object(gathered, prompts)
         prompts = {uid: ids for part in gathered for uid, ids in part.items()}
-    uids = sorted(prompts)
-    share = len(uids) // size
+    uids = sorted(select(list(prompts)))
+    mine = _rank_share(len(uids))
+    return EvalPrompts([prompts[uids[i]] for i in mine], len(uids), len(uids) - len(mine) * size)
+
+
+def _rank_share(total: int) -> range:
+    """This rank's indices into ``total`` sorted prompts: ``rank, rank + W, ...``, the same count on every rank.
+
+    Raises:
+        ValueError: fewer prompts than data-parallel ranks.
+    """
+    rank, size = world()
+    share = total // size
     if share == 0:
         raise ValueError(
-            f"entropy forecast: {len(uids)} distinct prompts for {size} data-parallel ranks; each needs one"
+            f"entropy forecast: E has {total} prompts for {size} data-parallel ranks; each needs one (raise "
+            f"{SECTION}.eval_share or the batch's prompts)"
         )
-    return EvalPrompts([prompts[uid] for uid in uids[rank::size][:share]], len(uids), len(uids) - share * size)
+    return range(rank, share * size, size)
+
+
+def rollout_eval_share(responses: EvalResponses, pad_token_id: int) -> tuple[EvalPrompts, dict[str, torch.Tensor]]:
+    """This rank's share of the rollout's E: its prompts and their probe batch (L_max = ``responses.budget``).
+
+    Raises:
+        ValueError: fewer prompts than data-parallel ranks, or a response longer than the budget.
+    """
+    mine = _rank_share(len(responses.uids))
+    prompts = [responses.prompt_ids[i].tolist() for i in mine]
+    sampled = [[r.tolist() for r in responses.response_ids[i]] for i in mine]
+    G = len(sampled[0])
+    batch = make_probe_batch(prompts, sampled, torch.zeros(len(mine), G), pad_token_id, [responses.budget] * len(mine))
+    left_out = len(responses.uids) - len(mine) * world()[1]
+    return EvalPrompts(prompts, len(responses.uids), left_out), batch

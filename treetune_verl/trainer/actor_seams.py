@@ -10,12 +10,14 @@ in the batch (over-sampling), ``rollout.custom.entropy_forecast`` in the worker'
 =====================================================  ============================================================
 seam (verl 0.7.1)                                      what runs, in order
 =====================================================  ============================================================
-``fsdp_workers.ActorRolloutRefWorker.update_actor``    1. forecast: on every k-th call, asks the actor's next
-(once per step; Ray resolves it on the instance at        ``update_policy`` for a forecast (the worker holds the
-call time, ``single_controller/ray/base.py``)             ``actor_rollout_ref`` config, where its settings live)
+``fsdp_workers.ActorRolloutRefWorker.update_actor``    1. forecast: on the steps the rollout sampled E for (else on
+(once per step; Ray resolves it on the instance at        every k-th call), asks the actor's next ``update_policy``
+call time, ``single_controller/ray/base.py``)             for a forecast (the worker holds the ``actor_rollout_ref``
+                                                          config, where its settings live)
 ``dp_actor.DataParallelPPOActor.update_policy``        1. over-sampling: the loss over completed rows
                                                           (``ppo/loss_aggregation.py``: counts over the ranks);
-                                                       2. forecast: E sampled at θ (``forecast/live.py``), its
+                                                       2. forecast: E at θ (the rollout's, or sampled here:
+                                                          ``forecast/live.py``), its
                                                           ``probe/*`` metrics added to verl's actor metrics
 ``DataParallelPPOActor._optimizer_step`` (set on the   1. over-sampling: the next mini-batch's counts after each step;
 instance for one ``update_policy``)                    2. forecast: ΔH₁ at the first step (verl's step inside it)
@@ -39,6 +41,7 @@ from typing import Any
 
 import torch
 
+from treetune_verl.batch_keys import FORECAST_EVAL_META_KEY
 from treetune_verl.forecast.live import ForecastRun, ForecastState
 from treetune_verl.forecast.settings import forecast_settings
 from treetune_verl.patching import Wrap, swapped
@@ -73,13 +76,18 @@ _ACTIVE_NORMALISATION: MiniBatchNormalisation | None = None
 def _wrap_update_actor(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)  # keeps verl's @register attributes
     def update_actor(self, data):
-        # 1. forecast: every k-th call of this worker (1, 1 + k, ...; a resumed run counts from its first step again)
+        # 1. forecast: on the steps our rollout manager sampled E for (the key present, its value not None), else
+        # every k-th call of this worker (1, 1 + k, ...; a resumed run counts from its first step again)
         settings = forecast_settings(self.config.rollout)
         if settings is None:
             return original(self, data)
         state = vars(self).setdefault(_FORECAST_STATE_ATTR, ForecastState())
         state.calls += 1
-        if (state.calls - 1) % settings.every != 0:
+        if FORECAST_EVAL_META_KEY in data.meta_info:
+            due = data.meta_info[FORECAST_EVAL_META_KEY] is not None
+        else:
+            due = (state.calls - 1) % settings.every == 0
+        if not due:
             return original(self, data)
         data.meta_info.setdefault("pad_token_id", self.tokenizer.pad_token_id)  # as update_actor does
         eos = getattr(getattr(self, "generation_config", None), "eos_token_id", None)

@@ -35,14 +35,24 @@ elsewhere, while the same row misaligned by one position (either way) or all zer
 ``meta_info["timing"]`` carries ``agent_loop/rollout_entropy/{mean,p50,p90,max,rows_without_entropy}``; the
 scheduler holds no entropy state afterwards (sglang's ``/server_info``); after ``ray.shutdown()`` none of the
 processes the run started (Ray's own, the worker actors, sglang's scheduler and detokenizer) is left.
+
+With the live forecast's block on, the same (training) call also samples the forecast's E on the same server, in the
+workers, beside the rows (``forecast/rollout_eval.py``, ``agent_loop/forecast_eval_worker.py``): not rows of the batch
+(its row count is the input's; our columns gone), one entry for each of E's uids (the first ⌈0.5 · 3⌉ = 2 of the
+three in sorted order, ``eval_share`` 0.5) with that uid's prompt ids,
+``rollout.n`` responses each from requests of E's own (sticky keys unique), each a sample of the model (it ends at its
+first end id or at the budget), and its seconds and token share in the step's metrics.
 """
 
 from __future__ import annotations
 
+import json
 import time
 
+import numpy as np
 import pytest
 import torch
+from omegaconf import open_dict
 
 from treetune_tests.treetune_verl.agent_loop.fakes import make_batch, unpadded
 from treetune_tests.treetune_verl.agent_loop.standalone import (
@@ -57,6 +67,8 @@ from treetune_tests.treetune_verl.agent_loop.standalone import (
     teacher_forced,
 )
 from treetune_verl.agent_loop import HAS_ROLLOUT_ENTROPY_KEY, ROLLOUT_ENTROPY_KEY, EntropyAgentLoopManager
+from treetune_verl.batch_keys import FORECAST_EVAL_META_KEY, PENDING_METRICS_KEY
+from treetune_verl.forecast.rollout_eval import REQUEST_PREFIX
 from treetune_verl.sglang.config import INTERNAL_STATE_KEY
 
 pytest.importorskip("uvicorn", reason="sglang's http_server (imported by verl's server) needs uvicorn")
@@ -65,6 +77,7 @@ pytestmark = pytest.mark.usefixtures("driver_state_restored")
 
 ATOL = 1e-4  # nats
 NAMES = ["entropy_single_turn_agent", "entropy_tool_agent", "single_turn_agent", "entropy_single_turn_agent"]
+UIDS = ["u0", "u1", "u2", "u0"]  # rows 0 and 3: one prompt group (E samples it once)
 
 
 @pytest.mark.engine
@@ -75,6 +88,9 @@ def test_standalone_manager_real_engine_matches_hf(tiny_model_dir, tmp_path, mon
 
     model_path = model_with_short_turns(tiny_model_dir, tmp_path / "tiny-short-turns")
     config = standalone_config(model_path, tmp_path / "cfg")
+    with open_dict(config):  # the live forecast's block: E sampled with the training call
+        config.actor_rollout_ref.rollout.custom = {"entropy_forecast": {"every": 1}}
+        config.actor_rollout_ref.model.external_lib = "treetune_verl.trainer.actor_setup"
     with ray_session(monkeypatch) as session:
         t0 = time.monotonic()
         manager = EntropyAgentLoopManager.create(config)
@@ -87,7 +103,9 @@ def test_standalone_manager_real_engine_matches_hf(tiny_model_dir, tmp_path, mon
         assert len(server_pids) >= 3, f"server actor + sglang scheduler + detokenizer, got {server_pids}"
 
         t0 = time.monotonic()
-        out = manager.generate_sequences(make_batch(["text"] * len(NAMES), NAMES))
+        batch = make_batch(["text"] * len(NAMES), NAMES)
+        batch.non_tensor_batch["uid"] = np.array(UIDS, dtype=object)
+        out = manager.generate_sequences(batch)
         t_generate = time.monotonic() - t0
         states = server_info(manager.server_addresses[0])["internal_states"]
     assert not session.left, f"processes of the run left after ray.shutdown(): {session.left}"
@@ -143,3 +161,28 @@ def test_standalone_manager_real_engine_matches_hf(tiny_model_dir, tmp_path, mon
     assert timing["agent_loop/rollout_entropy/mean"] == pytest.approx(pooled.mean().item(), rel=1e-5)
     assert timing["agent_loop/rollout_entropy/max"] == pytest.approx(pooled.max().item(), rel=1e-5)
     assert {f"agent_loop/rollout_entropy/{k}" for k in ("p50", "p90")} <= set(timing)
+
+    check_forecast_eval(out, model_path)
+
+
+def check_forecast_eval(out, model_path) -> None:
+    """The forecast's E beside the batch: its own requests, the batch's prompts, samples of the model."""
+    E = out.meta_info[FORECAST_EVAL_META_KEY]
+    assert len(out) == len(NAMES)  # E is not in the batch
+    assert not any(key.startswith("treetune_forecast") for key in out.non_tensor_batch), sorted(out.non_tensor_batch)
+    assert E.uids == ["u0", "u1"] and E.budget == RESPONSE_LENGTH
+    for uid, prompt_ids in zip(E.uids, E.prompt_ids, strict=True):
+        assert prompt_ids.tolist() == unpadded(out, UIDS.index(uid))[0]
+    request_ids = [rid for group in E.request_ids for rid in group]
+    assert all(rid.startswith(REQUEST_PREFIX) for rid in request_ids) and len(set(request_ids)) == len(request_ids)
+    end_ids = set(json.loads((model_path / "config.json").read_text())["eos_token_id"])
+    for group in E.response_ids:
+        assert len(group) == 1  # rollout.n
+        for response in group:
+            assert 0 < len(response) <= RESPONSE_LENGTH
+            assert response[-1] in end_ids or len(response) == RESPONSE_LENGTH
+            assert not end_ids & set(response[:-1].tolist())  # sampling stopped at the first end id
+    pending = out.meta_info[PENDING_METRICS_KEY]
+    assert pending["probe/eval_gen_s"] > 0 and 0 < pending["probe/eval_gen_token_share"] < 1
+    share = pending["probe/eval_gen_token_share"]
+    print(f"E: {len(E.uids)} prompts x 1 in {pending['probe/eval_gen_s']:.2f}s ({share:.0%} of the call's tokens)")

@@ -9,7 +9,8 @@ E the forecast sampled (every rank's share, rebuilt with ``make_probe_batch``): 
 backward passes (exact, where the forecast takes central differences of forwards), and the realised change from an
 HF forward of each sampled sequence before and after that step, with the importance-weighted estimate written out
 here (log-softmax, per-token entropies, weights and the leave-one-out control variate: no product code); two ranks,
-whose rows split every group, too.
+whose rows split every group, too. E either sampled by the forecast in the actor or given as the rollout hands it over
+(``meta_info[FORECAST_EVAL_META_KEY]``, responses fixed here): the same reference, read from the E the forecast used.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.config import FSDPActorConfig, FSDPEngineConfig
 
 from treetune_tests.tiny_model import tiny_causal_lm
+from treetune_verl.batch_keys import FORECAST_EVAL_META_KEY
 from treetune_verl.forecast.live import ForecastRun, ForecastState
+from treetune_verl.forecast.rollout_eval import EvalResponses
 from treetune_verl.forecast.settings import ForecastSettings
 from treetune_verl.patching import original_of
 from treetune_verl.probe.batch import make_probe_batch
@@ -37,7 +40,8 @@ from treetune_verl.probe.components import ProbeComponents
 
 PROMPT, RESPONSE, VOCAB, GROUPS, N = 3, 4, 32, 4, 2
 LENGTHS = [4, 2, 3, 4, 1, 4, 2, 3]  # row k belongs to group k // N
-SETTINGS = ForecastSettings(probe={"estimator": {"baseline": {"mode": "none"}}})  # order-free: ranks see other orders
+# order-free (ranks see other orders); E every prompt of the batch
+SETTINGS = ForecastSettings(eval_share=1.0, probe={"estimator": {"baseline": {"mode": "none"}}})
 # lr 1e-4: step norm 4e-3, where the forecast's central difference is within 1e-3 of the exact directional derivative
 # (its O(|Δθ|³) term; test_directional_on_cpu.py measures it against forward-mode autodiff at larger steps too).
 LR, WEIGHT_DECAY, GRAD_CLIP = 1e-4, 0.01, 0.05
@@ -101,6 +105,22 @@ def _full(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     }
 
 
+def _rollout_eval(data: DataProto) -> EvalResponses:
+    """E as our manager hands it over: the batch's prompts (sorted by uid), N responses each (lengths 1 to RESPONSE,
+    ids from a generator of their own: not the batch's responses), the same on every rank."""
+    gen = torch.Generator().manual_seed(7)
+    uids = sorted(set(data.non_tensor_batch["uid"]))
+    first = [list(data.non_tensor_batch["uid"]).index(uid) for uid in uids]
+    prompts = [data.batch["input_ids"][i, :PROMPT].numpy().astype(np.int32) for i in first]
+    lengths = torch.randint(1, RESPONSE + 1, (len(uids), N), generator=gen)
+    responses = [
+        [torch.randint(2, VOCAB, (int(length),), generator=gen).numpy().astype(np.int32) for length in row]
+        for row in lengths
+    ]
+    request_ids = [[f"forecast-eval-{b}-{g}" for g in range(N)] for b in range(len(uids))]
+    return EvalResponses(uids, prompts, responses, RESPONSE, request_ids)
+
+
 def _rank_rows(data: DataProto, rank: int, world: int) -> DataProto:
     return data.select_idxs(list(range(rank, len(data), world)))  # world 2: every group split over the ranks
 
@@ -118,8 +138,11 @@ def _fsdp2_actor(rank: int, world: int, mini_rows: int) -> DataParallelPPOActor:
     return actor
 
 
-def _run(rank: int, world: int, store: str, out_dir: str, mini_rows: int, compare_plain: bool, method: str) -> None:
-    """FSDP2 actor: one plain update (AdamW state), then a forecast update; metrics and the real Δθ norm saved."""
+def _run(
+    rank: int, world: int, store: str, out_dir: str, mini_rows: int, compare_plain: bool, method: str, given: bool
+) -> None:
+    """FSDP2 actor: one plain update (AdamW state), then a forecast update (E the rollout's when ``given``); metrics
+    and the real Δθ norm saved."""
     timeout = datetime.timedelta(seconds=120)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world, timeout=timeout)
     try:
@@ -127,10 +150,12 @@ def _run(rank: int, world: int, store: str, out_dir: str, mini_rows: int, compar
         model = actor.actor_module
         before = _full(model)
         data = _rank_rows(_data(seed=2), rank, world)
+        if given:
+            data.meta_info[FORECAST_EVAL_META_KEY] = _rollout_eval(_data(seed=2))
         # as verl's trainer does before update_actor: a forward without backward leaves FSDP2's root gathered
         old_log_prob_batch = DataProto.from_dict(
             tensors=dict(data.batch.items()),
-            meta_info={**data.meta_info, "micro_batch_size": 2, "use_dynamic_bsz": False},
+            meta_info={"temperature": 1.0, "micro_batch_size": 2, "use_dynamic_bsz": False},
         )
         actor.compute_log_prob(old_log_prob_batch)
         update = original_of(DataParallelPPOActor.update_policy)
@@ -151,10 +176,15 @@ def _run(rank: int, world: int, store: str, out_dir: str, mini_rows: int, compar
 
 
 def _ranks(
-    world: int, tmp_path: Path, mini_rows: int, compare_plain: bool = False, method: str = "central_difference"
+    world: int,
+    tmp_path: Path,
+    mini_rows: int,
+    compare_plain: bool = False,
+    method: str = "central_difference",
+    given: bool = False,
 ) -> list[dict]:
     """One rank in this process (its process group destroyed after), two in spawned processes."""
-    args = (world, str(tmp_path / "store"), str(tmp_path), mini_rows, compare_plain, method)
+    args = (world, str(tmp_path / "store"), str(tmp_path), mini_rows, compare_plain, method, given)
     if world == 1:
         _run(0, *args)
     else:
@@ -246,13 +276,29 @@ def _with_rank_zero(fn, *args):
         return fn(*args)
 
 
-@pytest.mark.parametrize("method", ["central_difference", "backward"])
-@pytest.mark.parametrize("world", [1, 2])
-def test_fsdp2_forecast_matches_the_plain_reference(tmp_path, world, method):
-    results = _ranks(world, tmp_path, mini_rows=GROUPS * N, method=method)  # one mini-batch: one optimizer step
+@pytest.mark.parametrize(
+    ("world", "method", "given"),
+    [
+        (1, "central_difference", False),
+        (2, "central_difference", False),
+        (1, "backward", False),
+        (2, "backward", False),
+        (2, "central_difference", True),  # E from the rollout, each rank its share
+    ],
+)
+def test_fsdp2_forecast_matches_the_plain_reference(tmp_path, world, method, given):
+    results = _ranks(world, tmp_path, mini_rows=GROUPS * N, method=method, given=given)  # one optimizer step
     E_batches = [result["E"] for result in results]
     E = _joined(E_batches)
     assert E["sequences"].shape[:2] == (GROUPS, N)  # every prompt once, G = rollout.n fresh responses
+    if given:  # exactly the rollout's E, prompt for prompt (ranks take uids rank, rank + W, ...): not U's rows
+        rollout = _rollout_eval(_data(seed=2))
+        order = [b for rank in range(world) for b in range(rank, GROUPS, world)]
+        assert _token_lists(E_batches) == (
+            [rollout.prompt_ids[b].tolist() for b in order],
+            [[r.tolist() for r in rollout.response_ids[b]] for b in order],
+        )
+        assert all(result["metrics"]["probe/sample_s"] == 0.0 for result in results)
     reference = _with_rank_zero(_reference, E, E_batches)
     for result in results:
         metrics = result["metrics"]

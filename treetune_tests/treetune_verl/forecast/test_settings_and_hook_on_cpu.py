@@ -59,6 +59,9 @@ def test_block_composes_alone_and_after_the_rollout_entropy_block():
         ({"estimators": []}, "estimators"),
         ({"top_p": 0.9}, "top_p"),  # E is sampled at top-p = 1 (the forecast differentiates the policy)
         ({"seed": -1}, "seed"),
+        ({"eval_share": 0}, "eval_share"),
+        ({"eval_share": 1.5}, "eval_share"),
+        ({"eval_share": True}, "eval_share"),
         ({"method": "forward"}, "method"),
         ({"probe": {"probe": {"buffers_dtype": "int8"}}}, "probe"),
         ({"probe": {"no_such": 1}}, "probe"),
@@ -68,6 +71,14 @@ def test_block_composes_alone_and_after_the_rollout_entropy_block():
 def test_bad_settings_are_refused_naming_the_key(section, key):
     with pytest.raises(ValueError, match=f"{SECTION}.*{key}" if key != "unknown keys" else "unknown keys"):
         forecast_settings({"custom": {"entropy_forecast": section}})
+
+
+def test_eval_share_takes_the_first_uids_in_sorted_order():
+    uids = [f"u{k}" for k in (3, 0, 9, 1, 4, 2, 8, 5, 7, 6)] * 2  # rows: each uid twice, in no order
+    assert forecast_settings({"custom": {"entropy_forecast": {}}}).eval_uids(uids) == [f"u{k}" for k in range(5)]
+    assert ForecastSettings(eval_share=0.3).eval_uids(uids) == ["u0", "u1", "u2"]  # 0.3 * 10 is 3, not 4
+    assert ForecastSettings(eval_share=1.0).eval_uids(uids) == sorted(set(uids))
+    assert ForecastSettings(eval_share=0.01).eval_uids(uids) == ["u0"]  # at least one
 
 
 def test_probe_settings_reach_the_probe_config():
@@ -209,11 +220,13 @@ def _rows(uids: list[str], prompts: list[list[int]]) -> DataProto:
 
 def test_eval_prompts_are_the_distinct_prompts_without_padding():
     data = _rows(["b", "a", "b", "a"], [[4, 5], [3], [4, 5], [3]])
-    prompts = eval_prompts(data)
+    prompts = eval_prompts(data, ForecastSettings(eval_share=1.0).eval_uids)
     assert prompts.prompt_ids == [[3], [4, 5]] and prompts.total == 2 and prompts.left_out == 0
+    half = eval_prompts(data, ForecastSettings(eval_share=0.5).eval_uids)  # E's share: the first uid, "a"
+    assert half.prompt_ids == [[3]] and half.total == 1
     data.non_tensor_batch.pop("uid")
     with pytest.raises(ValueError, match="uid"):
-        eval_prompts(data)
+        eval_prompts(data, ForecastSettings().eval_uids)
 
 
 def test_fsdp1_is_refused():

@@ -142,6 +142,7 @@ def test_validation_rollouts_are_kept_by_generate_sequences():
     manager = object.__new__(EntropyAgentLoopManager)
     manager._validation_rollouts = []
     manager._completion_counter = None  # no over-sampling, no failed rows aborted
+    manager.rollout_eval = None  # no forecast
     out = _batch()
     out.batch["responses"] = torch.zeros(3, 3, dtype=torch.long)
 

@@ -1,0 +1,85 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""The live forecast's E, sampled by the agent-loop worker while the batch's rollout runs (``forecast/rollout_eval.py``).
+
+The manager marks the first row of each of E's uids with E's plan (``batch_keys.FORECAST_EVAL_PLAN_KEY``: G and the
+sampling parameters). When that row's agent loop sends its first turn (``session_server_manager.PROMPT_HOOK``: the
+prompt ids as the loop rendered them), this worker starts G requests for that prompt in a task of their own, and the
+row goes on as without them: E decodes in the same server batches as the step's rows, from the start. A row that
+sends no turn, or a carried row (whose first turn resumes a response), starts E from the prompt ids it returns. Once
+every row has returned, the worker waits for its E tasks and hands each uid's E back on that uid's first row
+(``batch_keys.FORECAST_EVAL_KEY``; the manager pops both columns). The tasks run in a fresh ``contextvars.Context``:
+E's requests are not turns of the row's session, so an abort of that session (over-sampling) does not reach them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import time
+from typing import Any
+from uuid import uuid4
+
+import numpy as np
+from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, AgentLoopWorker, _InternalAgentLoopOutput
+from verl.protocol import DataProto
+
+from treetune_verl.agent_loop.session_server_manager import PROMPT_HOOK
+from treetune_verl.batch_keys import CARRIED_ROW_KEY, FORECAST_EVAL_KEY, FORECAST_EVAL_PLAN_KEY
+from treetune_verl.forecast.rollout_eval import REQUEST_PREFIX, EvalPlan, SampledEval
+
+
+class ForecastEvalWorker(AgentLoopWorker):
+    """Samples E for the rows the manager marked, beside the batch (module docstring)."""
+
+    async def generate_sequences(self, batch: DataProto) -> DataProto:
+        self._eval_tasks: dict[str, asyncio.Task] = {}  # uid -> its E, this batch
+        try:
+            output = await super().generate_sequences(batch)
+            sampled = {uid: await task for uid, task in self._eval_tasks.items()}
+        finally:
+            for task in self._eval_tasks.values():
+                task.cancel()  # only those still running: an error elsewhere leaves no request behind
+            self._eval_tasks = {}
+        if FORECAST_EVAL_PLAN_KEY in batch.non_tensor_batch:  # output rows are the input's, in order
+            column = [sampled.pop(str(uid), None) for uid in batch.non_tensor_batch["uid"]]  # on each uid's first row
+            output.non_tensor_batch[FORECAST_EVAL_KEY] = np.array(column, dtype=object)
+        return output
+
+    async def _run_agent_loop(self, sampling_params: dict[str, Any], trajectory: dict[str, Any], **kwargs: Any):
+        plan: EvalPlan | None = kwargs.get(FORECAST_EVAL_PLAN_KEY)
+        if plan is None or kwargs.get(CARRIED_ROW_KEY) is not None:  # a carried row's first turn resumes a response
+            return await super()._run_agent_loop(sampling_params, trajectory, **kwargs)
+        uid = str(kwargs.get("uid"))
+        token = PROMPT_HOOK.set(lambda prompt_ids: self._start_eval(uid, prompt_ids, plan))
+        try:
+            return await super()._run_agent_loop(sampling_params, trajectory, **kwargs)
+        finally:
+            PROMPT_HOOK.reset(token)
+
+    async def _agent_loop_postprocess(self, output: AgentLoopOutput, **kwargs: Any) -> _InternalAgentLoopOutput:
+        plan: EvalPlan | None = kwargs.get(FORECAST_EVAL_PLAN_KEY)
+        if plan is not None:  # a row that sent no turn (or a carried row): E from the prompt it returns
+            self._start_eval(str(kwargs.get("uid")), list(output.prompt_ids), plan)
+        return await super()._agent_loop_postprocess(output, **kwargs)
+
+    def _start_eval(self, uid: str, prompt_ids: list[int], plan: EvalPlan) -> None:
+        """E's requests for ``uid``'s prompt in a task of their own, unless started already (once per uid)."""
+        if uid in self._eval_tasks or len(prompt_ids) == 0:
+            return
+        self._eval_tasks[uid] = asyncio.get_running_loop().create_task(
+            self._sample_eval(list(prompt_ids), plan), context=contextvars.Context()
+        )
+
+    async def _sample_eval(self, prompt_ids: list[int], plan: EvalPlan) -> SampledEval:
+        """``plan.n`` responses to ``prompt_ids``, each from a request of its own (sticky key ``forecast-eval-...``)."""
+        start = time.perf_counter()
+        keys = [f"{REQUEST_PREFIX}{uuid4().hex}" for _ in range(plan.n)]
+        outputs = await asyncio.gather(
+            *[
+                self.server_manager.generate(key, prompt_ids=prompt_ids, sampling_params=plan.sampling_params())
+                for key in keys
+            ]
+        )
+        responses = [np.asarray(out.token_ids, dtype=np.int32) for out in outputs]
+        return SampledEval(np.asarray(prompt_ids, dtype=np.int32), responses, keys, time.perf_counter() - start)
