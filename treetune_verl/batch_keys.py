@@ -53,6 +53,6 @@ MANAGED_ROW_KEY = "treetune_managed_row"
 # servers (forecast/rollout_eval.py EvalResponses), None on a step without a forecast; never a row of the batch
 FORECAST_EVAL_META_KEY = "treetune_forecast_eval"
 # DataProto.non_tensor_batch, object [B], the live forecast's E (forecast/rollout_eval.py): manager -> worker, the
-# EvalPlan on the first row of each uid (None elsewhere); worker -> manager, that uid's SampledEval on the same row
+# EvalPlan on the first row of each of E's uids (None elsewhere); worker -> manager, that uid's SampledEval on that row
 FORECAST_EVAL_PLAN_KEY = "treetune_forecast_eval_plan"
 FORECAST_EVAL_KEY = "treetune_forecast_eval_sampled"

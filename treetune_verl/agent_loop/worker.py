@@ -9,7 +9,7 @@ order they run in, outermost first:
 0. managed sessions of several rows (``session_rows_worker.SessionRowsWorker``): a session's k rows become k
    consecutive rows of its prompt, each passing the features below as a row of its own;
 1. the live forecast's E (``forecast_eval_worker.ForecastEvalWorker``): on the rows the manager marked, E's requests
-   started as soon as the row's agent loop has returned its prompt ids, beside the rest of the batch;
+   started at the row's first turn, in the same server batches as the rest of the batch;
 2. carry-over (``carry_over_worker.CarryOverWorker``): resumes a carried row with the continuation loop, records
    what an aborted row generated before it is emptied;
 3. rollout entropy (``entropy_worker.RolloutEntropyWorker``): pads each row's entropy once the row is final;

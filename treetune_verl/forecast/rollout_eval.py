@@ -6,12 +6,12 @@ Shape notation: B = the step's distinct prompts (uids), G = responses per prompt
 budget (``rollout.response_length``).
 
 On a training step the forecast runs (every ``every``-th ``generate_sequences`` call of the manager that trains, the
-1st, (1 + k)-th, ...), the manager (``agent_loop/entropy_manager.py``) marks the first row of each uid with an
-:class:`EvalPlan`; the agent-loop worker that runs the row (``agent_loop/forecast_eval_worker.py``), as soon as the
-row's agent loop has returned its prompt ids, sends G requests of E's own for that prompt, at the rollout's
-temperature over the whole vocabulary (top-p 1, top-k off: the policy verl's actor computes its log-probabilities
-with, which the forecast differentiates), up to R new tokens, while the batch's other rows are still decoding. E is not
-rows of the batch: it goes to the actor in ``meta_info[FORECAST_EVAL_META_KEY]`` (:class:`EvalResponses`; ``None`` on a
+1st, (1 + k)-th, ...), the manager (``agent_loop/entropy_manager.py``) marks the first row of each of E's uids
+(``ForecastSettings.eval_uids``) with an :class:`EvalPlan`; the agent-loop worker that runs the row
+(``agent_loop/forecast_eval_worker.py``), when the row's agent loop sends its first turn, sends G requests of E's own
+for that prompt, at the rollout's temperature over the whole vocabulary (top-p 1, top-k off: the policy verl's actor
+computes its log-probabilities with, which the forecast differentiates), up to R new tokens, in the same server
+batches as the step's rows. E is not rows of the batch: it goes to the actor in ``meta_info[FORECAST_EVAL_META_KEY]`` (:class:`EvalResponses`; ``None`` on a
 step without a forecast), so no loss, advantage, reward or metric of verl's sees it. E is independent of the batch's
 responses U: separate requests, separate samples from the same weights θ.
 """
@@ -74,7 +74,8 @@ class EvalResponses:
         response_ids: ``[B][G]`` each response's token ids (int32, non-empty), ending at an end-of-sequence id or
             at ``budget`` tokens.
         budget: R, E's L_max (the forecast's unit is nats per budget token).
-        request_ids: ``[B][G]`` the requests that sampled them (none of them a request of the batch's rows).
+        request_ids: ``[B][G]`` the sticky keys of the requests that sampled them (one request per response, none of
+            them a turn of the batch's rows).
     """
 
     uids: list[str]

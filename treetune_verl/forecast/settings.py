@@ -24,9 +24,10 @@ the actor worker holds the whole ``actor_rollout_ref`` section, so it reads the 
 
 A section that is absent or null turns the forecast off; anything else wrong raises ``ValueError`` naming the key.
 E is sampled by the rollout's sglang servers beside the step's rollout when our manager runs it (``rollout_eval.py``),
-else in the actor. Either way it is sampled from, and its entropy is that of, the actor's policy at the rollout's temperature over the whole
-vocabulary (top-p = 1), the policy verl's actor computes its log-probabilities and ``actor/entropy`` with: the
-forecast's directional derivatives (``directional.py``) need it differentiable, which a nucleus cut is not.
+else in the actor. Either way it is sampled from, and its entropy is that of, the actor's policy at the rollout's
+temperature over the whole vocabulary (top-p = 1), the policy verl's actor computes its log-probabilities and
+``actor/entropy`` with: the forecast's directional derivatives (``directional.py``) need it differentiable, which a
+nucleus cut is not.
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ def _prompts(data: DataProto) -> dict[str, list[int]]:
 
 def eval_prompts(data: DataProto, select: Callable[[list[str]], list[str]]) -> EvalPrompts:
     """This rank's share of E's prompts, ``select(uids)`` of the global batch's distinct ``uids`` (the forecast's
-    ``ForecastSettings.eval_uids``), the same count on every rank.
+    ``ForecastSettings.eval_uids``: sorted), the same count on every rank.
 
     Raises:
         ValueError: no ``uid``, or fewer of E's prompts than data-parallel ranks.
@@ -78,7 +78,7 @@ def eval_prompts(data: DataProto, select: Callable[[list[str]], list[str]]) -> E
         gathered: list[dict[str, list[int]]] = [None] * size  # type: ignore[list-item]
         torch.distributed.all_gather_object(gathered, prompts)
         prompts = {uid: ids for part in gathered for uid, ids in part.items()}
-    uids = sorted(select(list(prompts)))
+    uids = select(list(prompts))
     mine = _rank_share(len(uids))
     return EvalPrompts([prompts[uids[i]] for i in mine], len(uids), len(uids) - len(mine) * size)
 

@@ -28,10 +28,13 @@ with HF-style decoding, the forecast's fallback without our manager (and the fir
 from __future__ import annotations
 
 import argparse
+import contextlib
+import cProfile
 import datetime
 import functools
 import json
 import platform
+import pstats
 import statistics
 import sys
 import tempfile
@@ -135,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--response-length", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: as verl's Ray workers run)")
     parser.add_argument("--estimators", nargs="+", default=["naive", "rb_residual"], help="the block's estimators")
+    parser.add_argument("--profile", action="store_true", help="cProfile the last round's forecast call, print it")
     parser.add_argument("--eval-share", type=float, default=0.5, help="E's share of the batch's prompts")
     parser.add_argument("--eval-source", choices=["rollout", "actor"], default="rollout", help="where E comes from")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "outputs" / "bench" / "forecast_cost.json")
@@ -184,7 +188,9 @@ def main(argv: list[str] | None = None) -> int:
                         data, settings, vocab, args.n, args.response_length, r
                     )
                 update = functools.partial(type(actor).update_policy, actor, data)
-                _, metrics = ForecastRun(actor, data, settings, state, args.n, [0]).around(update)
+                profile = cProfile.Profile() if args.profile and r == args.rounds - 1 else None
+                with profile or contextlib.nullcontext():
+                    _, metrics = ForecastRun(actor, data, settings, state, args.n, [0]).around(update)
                 record.update(
                     {
                         k: float(v)
@@ -199,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         summary = _write(args, rounds)  # after every round: an interrupted run keeps what it measured
     dist.destroy_process_group()
     print(json.dumps(summary, indent=1))
+    if args.profile:  # where the last forecast call's seconds went: verl's update, E's forwards, the weight copies
+        pstats.Stats(profile).sort_stats("cumulative").print_stats(r"step_weights|token_values|update_policy|backward")
     return 0
 
 
