@@ -8,7 +8,7 @@ gradient only at the top 20 % of the batch's response tokens by rollout entropy,
 checks every step (``check_metrics --pg-token-quantile 0.2``: kept share in [0.2, 0.25], threshold logged, kept tokens
 more uncertain than dropped ones). The GRPO run that trains with it is the all-features run on verl 0.7.1
 (``test_e2e_all_features_on_cpu.py``, which re-reads the kept share and the threshold of every step) and
-``test_e2e_current_stack_on_cpu.py`` on verl 0.9.1.
+the full / resume runs of ``test_e2e_variants_on_cpu.py`` on verl 0.9.1.
 """
 
 from __future__ import annotations

@@ -3,7 +3,10 @@
 """The e2e variants of ``treetune_tests/e2e/test_entropy_e2e.sh`` (``E2E_VARIANT=full`` then ``resume``): verl's
 own trainer on CPU (verl 0.7.1's ``RayPPOTrainer``; on the current stack verl 0.9.1's default V1 trainer) with the tiny random Qwen2, two FSDP training processes on gloo (two sglang rollout replicas), a
 reference model and the KL loss, validation before training and after every step, a checkpoint at step 1, and a
-second run that resumes it and trains step 2.
+second run that resumes it and trains step 2. The full run is also each stack's plain check of the block (what
+``make e2e`` runs on one process): every step's rollout entropy against the actor's of the same tokens, every row
+from our loop, our classes in the log; on verl 0.9.1 both runs train on forking tokens too (its only GRPO run with
+them; on verl 0.7.1 ``test_e2e_all_features_on_cpu.py`` has them).
 
 The slow test runs both (about 5-7 minutes on 2 shared cores; outputs ``outputs/e2e-test-full/`` and
 ``outputs/e2e-test-resume/``); the script checks the metrics itself (``check_metrics --kl --val``, and for the resume
@@ -24,7 +27,9 @@ import pytest
 import torch
 
 from treetune_tests.e2e.check_metrics import (
+    ENTROPY_DIFF,
     ENTROPY_MEAN,
+    GRAD_NORM,
     KL_LOSS,
     PEARSON,
     PG_LOSS,
@@ -49,6 +54,9 @@ BLOCK_EXTRA = ["actor_rollout_ref.model.external_lib=treetune_verl.trainer.actor
 # The agent-loop worker class in the log: ours on both stacks (on verl 0.9.1 a subclass of verl's TransferQueue worker,
 # agent_loop/session_rows_worker_tq.py).
 WORKER_CLASS = "SessionRowsWorkerTQ" if CURRENT else "EntropyAgentLoopWorker"
+# Forking tokens (the top 20 % of tokens by rollout entropy carry the policy gradient) in verl 0.9.1's runs.
+PG_TOKEN_QUANTILE = 0.2 if CURRENT else None
+FORKING_ENV = {"E2E_PG_TOKEN_QUANTILE": str(PG_TOKEN_QUANTILE)} if CURRENT else {}
 
 
 def _compose(overrides: list[str]):
@@ -130,7 +138,8 @@ def test_resume_refuses_without_a_saved_run_or_in_place(tiny_model_dir, tmp_path
 
 
 def _run_variant(variant: str, workdir: Path, **env: str) -> subprocess.CompletedProcess:
-    return run_training({"E2E_MODEL": "tiny", "E2E_VARIANT": variant, "E2E_WORKDIR": str(workdir), **env}, timeout=1200)
+    env = {"E2E_MODEL": "tiny", "E2E_VARIANT": variant, "E2E_WORKDIR": str(workdir), **FORKING_ENV, **env}
+    return run_training(env, timeout=1200)  # exit 0, nothing of the trainer's session left
 
 
 @pytest.mark.slow
@@ -142,9 +151,14 @@ def test_two_processes_kl_validation_checkpoint_then_resume():
     assert "OK: 1 step(s)" in result.stdout
     steps = read_steps(FULL / "metrics.jsonl")
     assert [(m["step"], is_validation_only(m)) for m in steps] == [(0, True), (1, False)]
-    assert check(steps, 1, 1e-3, 0.999, first_step=1, kl=True, val=True) == []
+    bounds = {"max_entropy_diff": 1e-3, "pg_token_quantile": PG_TOKEN_QUANTILE}
+    assert check(steps, 1, 1e-3, 0.999, first_step=1, kl=True, val=True, **bounds) == []
     saved = steps[1]
     assert saved[KL_LOSS] == pytest.approx(0.0, abs=1e-6)  # the actor starts as the reference model
+    # every row came from the entropy loop, and its entropy is the actor's of the same tokens (fp32 on both sides)
+    assert saved[ENTROPY_MEAN] > 0 and saved["timing_s/agent_loop/rollout_entropy/rows_without_entropy"] == 0
+    assert saved[ENTROPY_DIFF] <= 1e-3 and saved["rollout_entropy/actor_abs_diff/max"] <= 1e-2
+    assert math.isfinite(saved[PG_LOSS]) and saved[GRAD_NORM] > 0
     log = (FULL / "train.log").read_text()
     assert "EntropySGLangHttpServer" in log and WORKER_CLASS in log
     assert {int(r) for r in re.findall(r"SGLang http server: .*replica_rank=(\d+)", log)} == {0, 1}
@@ -163,7 +177,7 @@ def test_two_processes_kl_validation_checkpoint_then_resume():
     steps = read_steps(RESUME / "metrics.jsonl")
     assert [(m["step"], is_validation_only(m)) for m in steps] == [(1, True), (2, False)]
     assert [m["step"] for m in training_steps(steps)] == [2]
-    assert check(steps, 1, 1e-3, 0.999, first_step=2, kl=True, val=True) == []
+    assert check(steps, 1, 1e-3, 0.999, first_step=2, kl=True, val=True, **bounds) == []
     before, resumed = steps
     log = (RESUME / "train.log").read_text()
     assert "Resuming from" in log and str(RESUME / "checkpoints" / "global_step_1") in log

@@ -6,21 +6,20 @@ The graph is read from the source (every ``import`` statement, including those i
 but still tie the modules together), so a test fails the moment someone adds a forbidden edge, whether or not the
 code path runs here. Layers, lowest first: the sglang side knows nothing of verl; the verl side's server
 (``rollout``) imports the sglang side; the agent loops import both; the probe stands alone (only the forecast, which
-runs it inside verl's actor, imports it). The fresh-interpreter
-test then imports each module on its own, which catches what static reading cannot (an import that only works when
-another module happened to be imported first).
+runs it inside verl's actor, imports it). The fresh-import
+test then imports each module on its own (in a child forked from an interpreter holding only third-party packages),
+which catches what static reading cannot (an import that only works when another of our modules happened to be
+imported first).
 """
 
 from __future__ import annotations
 
 import ast
-import concurrent.futures
 import importlib.metadata
-import os
+import json
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -216,18 +215,30 @@ NO_SGLANG_IMPORT = [
 ]
 
 
-def _import_alone(module: str) -> subprocess.CompletedProcess:
-    check = f"import sys, {module}; print('sglang' in sys.modules)"
-    return subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300)
+FORK_SERVER = Path(__file__).with_name("import_fork_server.py")
+# Two imports whose outcome is known, run beside ours: the fork server reports a failed import and a pulled-in sglang.
+NO_SUCH_MODULE = "treetune_verl.no_such_module"
+SGLANG = "sglang"
 
 
 @pytest.fixture(scope="module")
-def fresh_imports() -> Iterator[dict[str, concurrent.futures.Future]]:
-    """Every module's fresh-interpreter import, started together (one interpreter per module, a few at a time):
-    each one is independent, and run one after another they cost minutes of CI on 2 cores."""
-    with concurrent.futures.ThreadPoolExecutor(max_workers=(os.cpu_count() or 1) + 1) as pool:
-        futures = {module: pool.submit(_import_alone, module) for module in sorted(MODULES)}
-        yield futures
+def fresh_imports() -> dict[str, dict]:
+    """Every module's import alone, each in a child forked from one fresh interpreter that holds only third-party
+    packages (``import_fork_server.py``: none of ours, no sglang): ``{module: {"returncode", "stdout", "stderr"}}``.
+    One interpreter per module cost minutes of CI on 2 cores, most of it importing torch and verl again."""
+    modules = sorted(MODULES) + [NO_SUCH_MODULE, SGLANG]
+    result = subprocess.run(
+        [sys.executable, str(FORK_SERVER), *modules], capture_output=True, text=True, timeout=900, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_the_fork_server_reports_a_failed_import_and_sglang(fresh_imports):
+    missing = fresh_imports[NO_SUCH_MODULE]
+    assert missing["returncode"] == 1 and f"No module named '{NO_SUCH_MODULE}'" in missing["stderr"]
+    assert fresh_imports[SGLANG]["returncode"] == 0, fresh_imports[SGLANG]["stderr"][-3000:]
+    assert fresh_imports[SGLANG]["stdout"].strip().splitlines()[-1] == "True"
 
 
 # Modules of one verl only (the block's manager per stack): under another verl their import refuses, naming it.
@@ -244,16 +255,15 @@ VERL_ONLY = {
 
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_module_imports_in_a_fresh_interpreter(module, fresh_imports):
-    result = fresh_imports[module].result()
+    result = fresh_imports[module]
+    stderr = result["stderr"][-3000:]
     if module in VERL_ONLY and importlib.metadata.version("verl") != VERL_ONLY[module]:
-        assert result.returncode != 0 and "UnsupportedVerlError: treetune_verl's" in result.stderr, result.stderr[
-            -3000:
-        ]
-        assert f"support verl {VERL_ONLY[module]}" in result.stderr, result.stderr[-3000:]
+        assert result["returncode"] != 0 and "UnsupportedVerlError: treetune_verl's" in stderr, stderr
+        assert f"support verl {VERL_ONLY[module]}" in stderr, stderr
         return
-    assert result.returncode == 0, f"import {module} failed in a fresh interpreter:\n{result.stderr[-3000:]}"
+    assert result["returncode"] == 0, f"import {module} failed in a fresh interpreter:\n{stderr}"
     if module in NO_SGLANG_IMPORT:
-        assert result.stdout.strip().splitlines()[-1] == "False", f"importing {module} imported sglang"
+        assert result["stdout"].strip().splitlines()[-1] == "False", f"importing {module} imported sglang"
 
 
 REPO_ROOT = PACKAGE_DIR.parent

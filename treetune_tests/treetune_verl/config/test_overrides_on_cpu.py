@@ -4,8 +4,8 @@
 
 The block (``treetune_verl/config/grpo_entropy_overrides.txt``) must resolve to the keys that turn rollout entropy
 on, survive verl's own dataclass conversion and class loading, and be passed verbatim by
-``treetune_tests/e2e/test_entropy_e2e.sh``, with nothing after it that would change which classes run. (The run itself
-is ``treetune_tests/e2e/test_e2e_on_cpu.py``.)
+``treetune_tests/e2e/test_entropy_e2e.sh``, with nothing after it that would change which classes run. (The runs
+themselves: ``treetune_tests/e2e/test_e2e_variants_on_cpu.py``.)
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@
 Each command line is the e2e script's own (``E2E_PRINT_ARGS=1``) on the current stack, composed by Hydra from verl
 0.9.1's real ``ppo_trainer`` config. The server selection runs in verl's real ``LLMServerManager.__init__`` (wrapped
 by the actor entry point, as ``external_lib`` imports it in the trainer's process); ``__init__`` starts nothing (the
-servers start in ``create``), so no Ray is needed. The run that trains with it is
-``treetune_tests/e2e/test_e2e_current_stack_on_cpu.py``.
+servers start in ``create``), so no Ray is needed. The runs that train with it:
+``treetune_tests/e2e/test_e2e_variants_on_cpu.py``.
 """
 
 from __future__ import annotations
