@@ -45,6 +45,7 @@ rank holds the same number of prompts and runs the same number of forwards and b
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -62,10 +63,11 @@ from treetune_verl.forecast.directional import (
     x_directional_derivatives_by_backward,
 )
 from treetune_verl.forecast.early_warning import EarlyWarning, WarningSettings
+from treetune_verl.forecast.rollout_eval import EvalResponses
 from treetune_verl.forecast.settings import SECTION, ForecastSettings
 from treetune_verl.forecast.sharding import is_sharded, reshard
 from treetune_verl.forecast.step_weights import WeightsAroundStep
-from treetune_verl.forecast.verl_batch import eval_prompts, rollout_eval_share, world
+from treetune_verl.forecast.verl_batch import EvalPrompts, eval_prompts, rollout_eval_share, world
 from treetune_verl.patching import swapped
 from treetune_verl.probe.batch import make_probe_batch
 from treetune_verl.probe.components import ProbeComponents
@@ -194,37 +196,80 @@ def use_backward(method: str, model: torch.nn.Module) -> bool:
     return method == "backward" or (method == "auto" and low_precision)
 
 
-def forward_prompts(actor: Any, G: int, width: int) -> int:
-    """Prompts per forward over E: verl's micro-batch of rows (``ppo_micro_batch_size_per_gpu``, or with dynamic
-    batch sizes ``ppo_max_token_len_per_gpu`` // the row width), G rows per prompt; at least one."""
-    rows = actor.config.ppo_micro_batch_size_per_gpu
+@dataclass(frozen=True)
+class ActorView:
+    """What a forecast uses of verl's actor, whichever worker holds it.
+
+    Attributes:
+        module: the policy verl's optimizer steps (FSDP2-wrapped or plain).
+        optimizer: verl's optimizer of ``module``.
+        rows_per_forward: rows per forward over E (verl's micro-batch of rows).
+        step_owner, step_name: where verl's optimizer step (no argument) is looked up at call time, for
+            :meth:`ForecastRun.around` (verl 0.7.1: ``DataParallelPPOActor._optimizer_step``).
+    """
+
+    module: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    rows_per_forward: int
+    step_owner: Any
+    step_name: str
+
+
+@dataclass(frozen=True)
+class UpdateInputs:
+    """What a forecast reads of the batch verl is about to train on.
+
+    Attributes:
+        temperature: the rollout's sampling temperature (E's responses and every forward over them).
+        pad_token_id: pads E's probe batch.
+        rollout_eval: E as the rollout sampled it (every rank gets all of it), or None: E sampled here.
+        eval_prompts: without ``rollout_eval``, this rank's share of E's prompts (a collective over the ranks:
+            called once on every rank).
+        response_width: R, E's response budget when sampled here.
+    """
+
+    temperature: float
+    pad_token_id: int
+    rollout_eval: EvalResponses | None
+    eval_prompts: Callable[[], EvalPrompts] | None = None
+    response_width: int | None = None
+
+
+def rows_per_forward(actor_config: Any, width: int) -> int:
+    """verl 0.7.1's micro-batch of rows: ``ppo_micro_batch_size_per_gpu``, or with dynamic batch sizes
+    ``ppo_max_token_len_per_gpu`` // the row width ``width``; at least one."""
+    rows = actor_config.ppo_micro_batch_size_per_gpu
     if not rows:
-        rows = int(actor.config.ppo_max_token_len_per_gpu) // width
-    return max(1, int(rows) // G)
+        rows = int(actor_config.ppo_max_token_len_per_gpu) // width
+    return max(1, int(rows))
+
+
+def prompts_per_forward(rows: int, G: int) -> int:
+    """Prompts per forward over E, G rows each, within ``rows`` rows per forward; at least one."""
+    return max(1, rows // G)
 
 
 class ForecastRun:
-    """The forecast around one verl update of ``actor`` on ``data``: E sampled at construction (θ, before anything
-    moves), ΔH₁ at the update's first optimizer step (:meth:`optimizer_step`), the realised change in :meth:`finish`.
+    """The forecast around one verl update: E taken or sampled at construction (θ, before anything moves), ΔH₁ at
+    the update's first optimizer step (:meth:`optimizer_step`), the realised change in :meth:`finish`.
 
-    The caller routes verl's ``_optimizer_step`` through :meth:`optimizer_step` for the duration of the update: the
-    actor seam (``treetune_verl/trainer/actor_seams.py``) in verl's trainer, :meth:`around` elsewhere.
+    The caller routes verl's optimizer step through :meth:`optimizer_step` for the duration of the update: the
+    actor seam (``treetune_verl/trainer/actor_seams.py``) in verl's trainer, :meth:`around` elsewhere. Built from
+    verl 0.7.1's actor and batch by :meth:`from_dp_actor`.
 
-    E is the rollout's (``data.meta_info[FORECAST_EVAL_META_KEY]``, an ``EvalResponses``) when given, else sampled
-    here (``probe/sample_s``).
+    E is the rollout's (``inputs.rollout_eval``) when given, else sampled here (``probe/sample_s``).
 
     Args:
-        actor: verl's ``DataParallelPPOActor``: ``actor_module`` (FSDP-wrapped model), ``actor_optimizer``,
-            ``config.ppo_micro_batch_size_per_gpu`` (or ``ppo_max_token_len_per_gpu``) for E's forwards.
-        data: the ``DataProto`` this rank trains on (``meta_info["temperature"]``, ``non_tensor_batch["uid"]``).
+        actor: the model, optimizer and micro-batch the forecast uses.
+        inputs: the update's temperature, padding and E (or where to sample it from).
         rollout_n: responses per prompt of E (verl's ``rollout.n``).
         eos_token_ids: end E's sampled responses.
     """
 
     def __init__(
         self,
-        actor: Any,
-        data: Any,
+        actor: ActorView,
+        inputs: UpdateInputs,
         settings: ForecastSettings,
         state: ForecastState,
         rollout_n: int,
@@ -233,35 +278,71 @@ class ForecastRun:
         start = time.perf_counter()
         self._actor = actor
         self._warning = state.warning(settings.early_warning)
-        model = actor.actor_module
+        model = actor.module
         _check_model(model)
         self._by_backward = use_backward(settings.method, model)
-        temperature = float(data.meta_info["temperature"])
-        self._comps = state.components_for(model, actor.actor_optimizer, settings, temperature)
+        self._comps = state.components_for(model, actor.optimizer, settings, inputs.temperature)
         self._first = next(iter(self._comps.values()))
-        pad_token_id = int(data.meta_info.get("pad_token_id", 0))
-        sampled_by_rollout = data.meta_info.get(FORECAST_EVAL_META_KEY)
         self._sample_s = 0.0  # sampling E here (none when the rollout sampled it)
-        if sampled_by_rollout is not None:
-            self._prompts, self._E = rollout_eval_share(sampled_by_rollout, pad_token_id)
+        if inputs.rollout_eval is not None:
+            self._prompts, self._E = rollout_eval_share(inputs.rollout_eval, inputs.pad_token_id)
         else:
+            if inputs.eval_prompts is None or inputs.response_width is None:
+                raise ValueError("entropy forecast: no E from the rollout, and no prompts or budget to sample it")
             sample_start = time.perf_counter()
-            self._prompts = eval_prompts(data, settings.eval_uids)
+            self._prompts = inputs.eval_prompts()
             seed = (settings.seed * 1_000_003 + state.calls) * 1_009 + world()[0]  # fresh samples per step and rank
-            budget = int(data.batch["responses"].shape[1])
             self._E = sample_eval_batch(
-                model, self._prompts.prompt_ids, rollout_n, budget, temperature, pad_token_id, eos_token_ids, seed
+                model,
+                self._prompts.prompt_ids,
+                rollout_n,
+                inputs.response_width,
+                inputs.temperature,
+                inputs.pad_token_id,
+                eos_token_ids,
+                seed,
             )
             self._sample_s = time.perf_counter() - sample_start
         state.last_eval = self._E
         self._sharded = any(is_sharded(p) for p in self._first.params)
-        self._mb_prompts = forward_prompts(actor, rollout_n, int(data.batch["input_ids"].shape[1]))
+        self._mb_prompts = prompts_per_forward(actor.rows_per_forward, rollout_n)
         self._budget = self._E["max_lengths"].double()
         self._metrics: dict[str, float] = {}
         self._stats: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # (S, F) of E at θ and θ′ (first step)
         self._steps = 0
         now = time.perf_counter()
         self._setup_s, self._probe_s, self._update_start = now - start, 0.0, now
+
+    @classmethod
+    def from_dp_actor(
+        cls,
+        actor: Any,
+        data: Any,
+        settings: ForecastSettings,
+        state: ForecastState,
+        rollout_n: int,
+        eos_token_ids: list[int],
+    ) -> ForecastRun:
+        """The forecast around verl 0.7.1's ``DataParallelPPOActor.update_policy(data)``.
+
+        Args:
+            actor: ``actor_module`` (FSDP2-wrapped model), ``actor_optimizer``, ``config.ppo_micro_batch_size_per_gpu``
+                (or ``ppo_max_token_len_per_gpu``), ``_optimizer_step``.
+            data: the ``DataProto`` this rank trains on (``meta_info["temperature"]``, ``["pad_token_id"]``, the
+                rollout's E under ``FORECAST_EVAL_META_KEY``; ``non_tensor_batch["uid"]`` to sample E here).
+        """
+        width = int(data.batch["input_ids"].shape[1])
+        view = ActorView(
+            actor.actor_module, actor.actor_optimizer, rows_per_forward(actor.config, width), actor, "_optimizer_step"
+        )
+        inputs = UpdateInputs(
+            temperature=float(data.meta_info["temperature"]),
+            pad_token_id=int(data.meta_info.get("pad_token_id", 0)),
+            rollout_eval=data.meta_info.get(FORECAST_EVAL_META_KEY),
+            eval_prompts=functools.partial(eval_prompts, data, settings.eval_uids),
+            response_width=int(data.batch["responses"].shape[1]),
+        )
+        return cls(view, inputs, settings, state, rollout_n, eos_token_ids)
 
     def optimizer_step(self, verl_step: Callable[[], Any]) -> Any:
         """verl's optimizer step; at the first one, the forecast of it (its time is the forecast's, not verl's)."""
@@ -313,11 +394,12 @@ class ForecastRun:
         return grad_norm
 
     def around(self, update: Callable[[], T]) -> tuple[T, dict[str, float]]:
-        """Run ``update()`` (verl's update of the actor; it must call ``actor._optimizer_step``, looked up on the
-        instance) with this forecast, then :meth:`finish`: its result and the forecast's metrics. Outside verl's
-        trainer (tests, benchmarks); in it, the actor seam does the same around ``update_policy``."""
-        verl_step = self._actor._optimizer_step
-        with swapped(self._actor, "_optimizer_step", lambda: self.optimizer_step(verl_step)):
+        """Run ``update()`` (verl's update of the actor; it must call the optimizer step the ``ActorView`` names,
+        looked up on its owner) with this forecast, then :meth:`finish`: its result and the forecast's metrics.
+        Outside verl's trainer (tests, benchmarks); in it, the actor seam does the same around ``update_policy``."""
+        owner, name = self._actor.step_owner, self._actor.step_name
+        verl_step = getattr(owner, name)
+        with swapped(owner, name, lambda: self.optimizer_step(verl_step)):
             result = update()
         return result, self.finish()
 
@@ -327,8 +409,8 @@ class ForecastRun:
         update_s = time.perf_counter() - self._update_start - self._probe_s
         if self._steps == 0:
             raise RuntimeError(
-                "entropy forecast: verl's update took no optimizer step (DataParallelPPOActor._optimizer_step never "
-                "called)"
+                "entropy forecast: verl's update took no optimizer step "
+                f"({type(self._actor.step_owner).__name__}.{self._actor.step_name} never called)"
             )
         start = time.perf_counter()
         before, budget = self._stats["before"], self._budget

@@ -114,7 +114,7 @@ def _wrap_update_policy(original: Callable[..., Any]) -> Callable[..., Any]:
         normalisation = normalisation_for(self, data)
         # 2. forecast, when update_actor asked for it: E sampled now, at θ
         request = vars(self).get(_FORECAST_REQUEST_ATTR)
-        forecast = ForecastRun(self, data, *request) if request is not None else None
+        forecast = ForecastRun.from_dp_actor(self, data, *request) if request is not None else None
         step_handlers = [h.optimizer_step for h in (normalisation, forecast) if h is not None]
         if not step_handlers:
             return original(self, data)

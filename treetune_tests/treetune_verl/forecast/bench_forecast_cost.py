@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
                 update = functools.partial(type(actor).update_policy, actor, data)
                 profile = cProfile.Profile() if args.profile and r == args.rounds - 1 else None
                 with profile or contextlib.nullcontext():
-                    _, metrics = ForecastRun(actor, data, settings, state, args.n, [0]).around(update)
+                    _, metrics = ForecastRun.from_dp_actor(actor, data, settings, state, args.n, [0]).around(update)
                 record.update(
                     {
                         k: float(v)

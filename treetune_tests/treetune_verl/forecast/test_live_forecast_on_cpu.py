@@ -161,7 +161,9 @@ def _run(
         update = original_of(DataParallelPPOActor.update_policy)
         state = ForecastState()
         settings = dataclasses.replace(SETTINGS, method=method)
-        verl_metrics, metrics = ForecastRun(actor, data, settings, state, N, [1]).around(lambda: update(actor, data))
+        verl_metrics, metrics = ForecastRun.from_dp_actor(actor, data, settings, state, N, [1]).around(
+            lambda: update(actor, data)
+        )
         after = _full(model)
         step_norm = math.sqrt(sum(float((after[n].double() - before[n].double()).pow(2).sum()) for n in before))
         result = {"metrics": metrics, "verl": verl_metrics, "real_step_norm": step_norm, "E": state.last_eval}

@@ -174,8 +174,10 @@ def test_update_policy_runs_the_forecast_inside_the_loss_fixs_step_counter(monke
     calls = []
 
     class Run:
-        def __init__(self, actor, data, settings, state, rollout_n, eos_token_ids):
+        @classmethod
+        def from_dp_actor(cls, actor, data, settings, state, rollout_n, eos_token_ids):
             calls.append("sample E")
+            return cls()
 
         def optimizer_step(self, verl_step):
             calls.append("forecast")
@@ -265,18 +267,18 @@ def test_plot_of_the_probed_steps(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("config", "expected"),
+    ("config", "rows", "prompts"),
     [
-        ({"ppo_micro_batch_size_per_gpu": 8}, 4),  # 8 rows, G = 2
-        ({"ppo_micro_batch_size_per_gpu": 1}, 1),  # at least one prompt
-        ({"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 1024}, 4),  # dynamic: 1024 // 128 rows
+        ({"ppo_micro_batch_size_per_gpu": 8}, 8, 4),  # 8 rows, G = 2
+        ({"ppo_micro_batch_size_per_gpu": 1}, 1, 1),  # at least one prompt
+        ({"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 1024}, 8, 4),  # dynamic: 1024 // 128 rows
     ],
 )
-def test_e_forwards_use_verls_micro_batch(config, expected):
+def test_e_forwards_use_verls_micro_batch(config, rows, prompts):
     from verl.workers.config import FSDPActorConfig
 
     actor_config = FSDPActorConfig(
         strategy="fsdp2", ppo_mini_batch_size=8, rollout_n=2, use_torch_compile=False, **config
     )
-    actor = SimpleNamespace(config=actor_config)  # forward_prompts reads only the actor's config
-    assert live.forward_prompts(actor, G=2, width=128) == expected
+    assert live.rows_per_forward(actor_config, width=128) == rows
+    assert live.prompts_per_forward(rows, G=2) == prompts
