@@ -27,9 +27,7 @@ import pytest
 import torch
 
 from treetune_tests.e2e.check_metrics import (
-    ENTROPY_DIFF,
     ENTROPY_MEAN,
-    GRAD_NORM,
     KL_LOSS,
     PEARSON,
     PG_LOSS,
@@ -155,10 +153,10 @@ def test_two_processes_kl_validation_checkpoint_then_resume():
     assert check(steps, 1, 1e-3, 0.999, first_step=1, kl=True, val=True, **bounds) == []
     saved = steps[1]
     assert saved[KL_LOSS] == pytest.approx(0.0, abs=1e-6)  # the actor starts as the reference model
-    # every row came from the entropy loop, and its entropy is the actor's of the same tokens (fp32 on both sides)
-    assert saved[ENTROPY_MEAN] > 0 and saved["timing_s/agent_loop/rollout_entropy/rows_without_entropy"] == 0
-    assert saved[ENTROPY_DIFF] <= 1e-3 and saved["rollout_entropy/actor_abs_diff/max"] <= 1e-2
-    assert math.isfinite(saved[PG_LOSS]) and saved[GRAD_NORM] > 0
+    # beyond check() (entropy mean > 0 and agreement <= 1e-3 nats, finite loss, grad norm > 0): every row came from
+    # the entropy loop, and no token's entropy is far from the actor's (fp32 on both sides)
+    assert saved["timing_s/agent_loop/rollout_entropy/rows_without_entropy"] == 0
+    assert saved["rollout_entropy/actor_abs_diff/max"] <= 1e-2
     log = (FULL / "train.log").read_text()
     assert "EntropySGLangHttpServer" in log and WORKER_CLASS in log
     assert {int(r) for r in re.findall(r"SGLang http server: .*replica_rank=(\d+)", log)} == {0, 1}

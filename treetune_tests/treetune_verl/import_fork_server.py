@@ -70,23 +70,27 @@ def import_in_child(module: str, out_path: str, err_path: str) -> None:
 def main(modules: list[str]) -> dict[str, dict]:
     preload()
     results: dict[str, dict] = {}
-    running: dict[int, tuple[str, str, str]] = {}
+    running: dict[int, str] = {}  # child pid -> the module it imports
     pending = list(modules)
     with tempfile.TemporaryDirectory() as tmp:
+
+        def paths(module: str) -> tuple[str, str]:
+            return os.path.join(tmp, f"{module}.out"), os.path.join(tmp, f"{module}.err")
+
         while pending or running:
             while pending and len(running) < MAX_CHILDREN:
                 module = pending.pop(0)
-                out_path, err_path = os.path.join(tmp, f"{module}.out"), os.path.join(tmp, f"{module}.err")
-                for path in (out_path, err_path):
+                for path in paths(module):
                     open(path, "w").close()
                 sys.stdout.flush()
                 sys.stderr.flush()
                 pid = os.fork()
                 if pid == 0:
-                    import_in_child(module, out_path, err_path)
-                running[pid] = (module, out_path, err_path)
+                    import_in_child(module, *paths(module))
+                running[pid] = module
             pid, status = os.wait()
-            module, out_path, err_path = running.pop(pid)
+            module = running.pop(pid)
+            out_path, err_path = paths(module)
             with open(out_path) as out, open(err_path) as err:
                 results[module] = {
                     "returncode": os.waitstatus_to_exitcode(status),
