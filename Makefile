@@ -5,8 +5,8 @@
 # installed, setting up its environment on first use (a few minutes) and reusing it afterwards.
 #
 # Two stacks: STACK=pinned (default; .venv: sglang 0.5.6.post2 + verl 0.7.1) and STACK=current (.venv-current:
-# sglang 0.5.12 + verl 0.9.1). `make test` runs the whole suite on the pinned stack, then the current stack's suite
-# (CURRENT_TESTS: what runs there today).
+# sglang 0.5.12 + verl 0.9.1). `make test` runs the whole suite on the pinned stack and, side by side with it, the
+# current stack's suite (CURRENT_TESTS: what runs there today).
 
 STACK   ?= pinned
 ifeq ($(STACK),current)
@@ -59,7 +59,7 @@ export PIP_CACHE_DIR      ?= $(CURDIR)/.cache/pip
 export HF_HUB_OFFLINE     := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup run generate analyze probe test test-fast e2e lint bench bench-probe
+.PHONY: setup run generate analyze probe test test-stack test-fast e2e lint bench bench-probe
 
 setup: $(STAMP)
 
@@ -87,15 +87,24 @@ analyze: setup
 probe: setup
 	$(PY) -m treetune_verl.probe $(ARGS)
 
-## Whole test suite (CPU) on the pinned stack: unit, real-class and real-Engine tests (GPU-only tests skip); then
-## the current stack's suite in its own environment. STACK=current runs only the latter.
+## Whole test suite (CPU) on the pinned stack (unit, real-class and real-Engine tests; GPU-only tests skip) and the
+## current stack's suite in its own environment, side by side (each output line prefixed [pinned] / [current]).
+## STACK=current runs only the latter; `make test-stack` runs only the STACK's suite.
 ifeq ($(STACK),current)
-test: setup
-	$(PY) -m pytest $(CURRENT_TESTS) $(PYTEST_ARGS)
+test: test-stack
 else
 test: setup
+	$(MAKE) --no-print-directory setup STACK=current VENV=.venv-current
+	bash tools/side_by_side.sh \
+		pinned "$(MAKE) --no-print-directory test-stack" \
+		current "$(MAKE) --no-print-directory test-stack STACK=current VENV=.venv-current"
+endif
+
+test-stack: setup
+ifeq ($(STACK),current)
+	$(PY) -m pytest $(CURRENT_TESTS) $(PYTEST_ARGS)
+else
 	$(PY) -m pytest $(PYTEST_ARGS)
-	$(MAKE) test STACK=current VENV=.venv-current
 endif
 
 ## Everything except the tests that start a real sglang Engine.

@@ -14,6 +14,14 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = REPO_ROOT / "treetune_tests" / "e2e" / "test_entropy_e2e.sh"
 
 
+def kept_workdir(name: str) -> Path:
+    """Where an e2e test keeps a run's outputs for a look afterwards: ``outputs/e2e-test-<name>/verl-<version>/``, one
+    folder per stack, since ``make test`` runs both stacks' suites side by side."""
+    import importlib.metadata
+
+    return REPO_ROOT / "outputs" / f"e2e-test-{name}" / f"verl-{importlib.metadata.version('verl')}"
+
+
 def run_script(env: dict[str, str], *args: str, timeout: int) -> subprocess.CompletedProcess:
     """The script with ``env`` on top of this process's environment minus its ``E2E_*`` / ``MODEL_PATH`` settings;
     ``args`` are Hydra overrides appended to the run's."""

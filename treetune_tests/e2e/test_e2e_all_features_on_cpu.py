@@ -33,9 +33,9 @@ from treetune_tests.e2e.check_metrics import (
     read_steps,
     training_steps,
 )
-from treetune_tests.e2e.script import REPO_ROOT, run_script
+from treetune_tests.e2e.script import kept_workdir, run_script
 
-WORKDIR = REPO_ROOT / "outputs" / "e2e-test-all-features"
+WORKDIR = kept_workdir("all-features")
 SWITCHES = {"E2E_OVER_SAMPLE": "0.25", "E2E_PG_TOKEN_QUANTILE": "0.2", "E2E_FORECAST": "1"}
 STEPS = 3
 

@@ -33,7 +33,7 @@ from treetune_tests.e2e.check_metrics import (
     read_steps,
     training_steps,
 )
-from treetune_tests.e2e.script import REPO_ROOT, run_script
+from treetune_tests.e2e.script import kept_workdir, run_script
 from treetune_verl.config import CONFIG_DIR
 
 MANAGED_LOOP_ARGS = (
@@ -53,7 +53,7 @@ AGENT_REWARD = "managed/agent_reward/mean"
 
 
 def _run(name: str, steps: int, args: tuple[str, ...]) -> list[dict]:
-    workdir = REPO_ROOT / "outputs" / f"e2e-test-{name}"
+    workdir = kept_workdir(name)
     env = {"E2E_MODEL": "tiny", "E2E_STEPS": str(steps), "E2E_WORKDIR": str(workdir)}
     result = run_script(env, *args, timeout=1200)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]

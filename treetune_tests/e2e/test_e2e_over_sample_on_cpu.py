@@ -26,9 +26,9 @@ import pytest
 import torch
 
 from treetune_tests.e2e.check_metrics import GRAD_NORM, PG_LOSS, read_steps, training_steps
-from treetune_tests.e2e.script import REPO_ROOT, run_script
+from treetune_tests.e2e.script import kept_workdir, run_script
 
-WORKDIR = REPO_ROOT / "outputs" / "e2e-test-over-sample"
+WORKDIR = kept_workdir("over-sample")
 CURRENT = importlib.metadata.version("verl") == "0.9.1"
 SAMPLER_KEYS = {
     "trainer.v1.sampler.custom_sampler.path=pkg://treetune_verl.trainer.v0_9_1.over_sample_sampler",
@@ -82,7 +82,7 @@ def test_grpo_with_over_sampling_trains_every_step():
     print(result.stdout[-2000:])
 
 
-CARRY_WORKDIR = REPO_ROOT / "outputs" / "e2e-test-carry-over"
+CARRY_WORKDIR = kept_workdir("carry-over")
 
 
 @pytest.mark.slow

@@ -8,8 +8,8 @@ second run that resumes it and trains step 2. The full run is also each stack's 
 from our loop, our classes in the log; on verl 0.9.1 both runs train on forking tokens too (its only GRPO run with
 them; on verl 0.7.1 ``test_e2e_all_features_on_cpu.py`` has them).
 
-The slow test runs both (about 5-7 minutes on 2 shared cores; outputs ``outputs/e2e-test-full/`` and
-``outputs/e2e-test-resume/``); the script checks the metrics itself (``check_metrics --kl --val``, and for the resume
+The slow test runs both (about 5-7 minutes on 2 shared cores; outputs ``outputs/e2e-test-full/verl-<version>/`` and
+``outputs/e2e-test-resume/verl-<version>/``); the script checks the metrics itself (``check_metrics --kl --val``, and for the resume
 ``--first-step 2 --same-generations``), the test re-reads them. The fast tests compose the variants' arguments.
 """
 
@@ -41,11 +41,11 @@ from treetune_tests.e2e.check_metrics import (
     training_steps,
     val_core,
 )
-from treetune_tests.e2e.script import REPO_ROOT, run_script, run_training
+from treetune_tests.e2e.script import kept_workdir, run_script, run_training
 from treetune_verl.config import read_overrides
 
-FULL = REPO_ROOT / "outputs" / "e2e-test-full"
-RESUME = REPO_ROOT / "outputs" / "e2e-test-resume"
+FULL = kept_workdir("full")
+RESUME = kept_workdir("resume")
 CURRENT = importlib.metadata.version("verl") == "0.9.1"  # the current stack (verl 0.9.1's V1 trainer)
 # What the block adds on each stack (the current stack's server selection needs the actor entry point too).
 BLOCK_EXTRA = ["actor_rollout_ref.model.external_lib=treetune_verl.trainer.actor_setup"] if CURRENT else []

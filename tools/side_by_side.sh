@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+#
+# Runs commands side by side, every line of a command's output prefixed with its label; waits for all of them and
+# exits 1 if any failed (each one's exit status printed last).
+#
+#   bash tools/side_by_side.sh LABEL COMMAND [LABEL COMMAND ...]
+#
+# `make test` runs the two stacks' suites this way: on 2 cores one suite alone keeps them about 60 % busy (its time
+# goes to process start-up: Ray, sglang's scheduler, verl's workers), two side by side about 95 %.
+set -uo pipefail
+
+(($# >= 2 && $# % 2 == 0)) || { echo "usage: $0 LABEL COMMAND [LABEL COMMAND ...]" >&2; exit 2; }
+labels=() pids=()
+while (($#)); do
+  label=$1 command=$2
+  shift 2
+  # unbuffered: a line reaches the log when it is written, also when the command is killed
+  (PYTHONUNBUFFERED=1 bash -c "$command" 2>&1 | sed -u "s/^/[$label] /") &
+  labels+=("$label") pids+=($!)
+done
+status=0
+for i in "${!pids[@]}"; do
+  if wait "${pids[$i]}"; then
+    echo "[${labels[$i]}] passed"
+  else
+    rc=$?
+    echo "[${labels[$i]}] FAILED (exit $rc)"
+    status=1
+  fi
+done
+exit $status
