@@ -5,8 +5,8 @@ own trainer on CPU (verl 0.7.1's ``RayPPOTrainer``; on the current stack verl 0.
 reference model and the KL loss, validation before training and after every step, a checkpoint at step 1, and a
 second run that resumes it and trains step 2. The full run is also each stack's plain check of the block (what
 ``make e2e`` runs on one process): every step's rollout entropy against the actor's of the same tokens, every row
-from our loop, our classes in the log; on verl 0.9.1 both runs train on forking tokens too (its only GRPO run with
-them; on verl 0.7.1 ``test_e2e_all_features_on_cpu.py`` has them).
+from our loop, our classes in the log; on verl 0.9.1 both runs train on forking tokens and forecast the entropy change
+of every update too (its only GRPO runs with them; on verl 0.7.1 ``test_e2e_all_features_on_cpu.py`` has them).
 
 The slow test runs both (about 5-7 minutes on 2 shared cores; outputs ``outputs/e2e-test-full/verl-<version>/`` and
 ``outputs/e2e-test-resume/verl-<version>/``); the script checks the metrics itself (``check_metrics --kl --val``, and for the resume
@@ -52,9 +52,11 @@ BLOCK_EXTRA = ["actor_rollout_ref.model.external_lib=treetune_verl.trainer.actor
 # The agent-loop worker class in the log: ours on both stacks (on verl 0.9.1 a subclass of verl's TransferQueue worker,
 # agent_loop/session_rows_worker_tq.py).
 WORKER_CLASS = "SessionRowsWorkerTQ" if CURRENT else "EntropyAgentLoopWorker"
-# Forking tokens (the top 20 % of tokens by rollout entropy carry the policy gradient) in verl 0.9.1's runs.
+# In verl 0.9.1's runs also forking tokens (the top 20 % of tokens by rollout entropy carry the policy gradient) and
+# the live forecast every step in the engine worker's actor, over its 2 ranks (the script checks its probe/* metrics:
+# check_metrics --forecast-every 1); on verl 0.7.1 test_e2e_all_features_on_cpu.py runs them.
 PG_TOKEN_QUANTILE = 0.2 if CURRENT else None
-FORKING_ENV = {"E2E_PG_TOKEN_QUANTILE": str(PG_TOKEN_QUANTILE)} if CURRENT else {}
+CURRENT_ENV = {"E2E_PG_TOKEN_QUANTILE": str(PG_TOKEN_QUANTILE), "E2E_FORECAST": "1"} if CURRENT else {}
 
 
 def _compose(overrides: list[str]):
@@ -136,7 +138,7 @@ def test_resume_refuses_without_a_saved_run_or_in_place(tiny_model_dir, tmp_path
 
 
 def _run_variant(variant: str, workdir: Path, **env: str) -> subprocess.CompletedProcess:
-    env = {"E2E_MODEL": "tiny", "E2E_VARIANT": variant, "E2E_WORKDIR": str(workdir), **FORKING_ENV, **env}
+    env = {"E2E_MODEL": "tiny", "E2E_VARIANT": variant, "E2E_WORKDIR": str(workdir), **CURRENT_ENV, **env}
     return run_training(env, timeout=1200)  # exit 0, nothing of the trainer's session left
 
 

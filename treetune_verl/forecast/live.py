@@ -45,7 +45,6 @@ rank holds the same number of prompts and runs the same number of forwards and b
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 from collections.abc import Callable
@@ -64,10 +63,10 @@ from treetune_verl.forecast.directional import (
 )
 from treetune_verl.forecast.early_warning import EarlyWarning, WarningSettings
 from treetune_verl.forecast.rollout_eval import EvalResponses
-from treetune_verl.forecast.settings import SECTION, ForecastSettings
+from treetune_verl.forecast.settings import SECTION, ForecastSettings, forecast_settings
 from treetune_verl.forecast.sharding import is_sharded, reshard
 from treetune_verl.forecast.step_weights import WeightsAroundStep
-from treetune_verl.forecast.verl_batch import EvalPrompts, eval_prompts, rollout_eval_share, world
+from treetune_verl.forecast.verl_batch import EvalPrompts, eval_prompts, prompts_by_uid, rollout_eval_share, world
 from treetune_verl.patching import swapped
 from treetune_verl.probe.batch import make_probe_batch
 from treetune_verl.probe.components import ProbeComponents
@@ -77,6 +76,8 @@ from treetune_verl.probe.sampling import sample_responses
 
 T = TypeVar("T")
 PREFIX = "probe/"
+STATE_ATTR = "_treetune_entropy_forecast"  # on verl's actor worker: its ForecastState across updates
+PROBE_TIMING = "timing_s/probe"  # the forecast's seconds, beside verl's timing_s/*
 
 
 def _sum_over_ranks(values: torch.Tensor) -> torch.Tensor:
@@ -130,6 +131,14 @@ class ForecastState:
     last_eval: dict[str, torch.Tensor] | None = None  # this rank's E of the last forecast (a probe batch)
     early_warning: EarlyWarning | None = None  # the projection and warnings across forecasts
 
+    def due(self, every: int, marked: bool, rollout_eval: Any) -> bool:
+        """Whether this update is forecast: the rollout's say when it marked the batch (``marked``: ``rollout_eval``
+        E, or None for a step without), else every ``every``-th call (1, 1 + k, ...; a resumed run counts from its
+        first step again)."""
+        if marked:
+            return rollout_eval is not None
+        return (self.calls - 1) % every == 0
+
     def warning(self, settings: WarningSettings) -> EarlyWarning:
         """The run's :class:`EarlyWarning` (a new one when the settings changed)."""
         if self.early_warning is None or self.early_warning.settings != settings:
@@ -149,6 +158,17 @@ class ForecastState:
             }
             self.temperature = temperature
         return self.components
+
+
+def counted_call(worker: Any) -> tuple[ForecastSettings, ForecastState] | None:
+    """For one ``update_actor`` call of verl's actor ``worker``: the forecast's settings (its ``config.rollout``) and
+    its state across updates (kept on the worker, this call counted); None when the forecast is off."""
+    settings = forecast_settings(worker.config.rollout)
+    if settings is None:
+        return None
+    state = vars(worker).setdefault(STATE_ATTR, ForecastState())
+    state.calls += 1
+    return settings, state
 
 
 def sample_eval_batch(
@@ -339,7 +359,7 @@ class ForecastRun:
             temperature=float(data.meta_info["temperature"]),
             pad_token_id=int(data.meta_info.get("pad_token_id", 0)),
             rollout_eval=data.meta_info.get(FORECAST_EVAL_META_KEY),
-            eval_prompts=functools.partial(eval_prompts, data, settings.eval_uids),
+            eval_prompts=lambda: eval_prompts(prompts_by_uid(data), settings.eval_uids),
             response_width=int(data.batch["responses"].shape[1]),
         )
         return cls(view, inputs, settings, state, rollout_n, eos_token_ids)
@@ -431,7 +451,7 @@ class ForecastRun:
         metrics[PREFIX + "eval_prompts"] = float(self._prompts.total - self._prompts.left_out)
         metrics[PREFIX + "sample_s"] = self._sample_s
         metrics[PREFIX + "update_s"] = update_s
-        metrics["timing_s/probe"] = probe_s
+        metrics[PROBE_TIMING] = probe_s
         metrics[PREFIX + "cost_ratio"] = probe_s / update_s if update_s > 0 else float("nan")
         metrics.update(self._warning.observe(metrics, log=world()[0] == 0))  # the same on every rank; rank 0 logs
         return metrics

@@ -52,8 +52,8 @@ def world() -> tuple[int, int]:
     return 0, 1
 
 
-def _prompts(data: DataProto) -> dict[str, list[int]]:
-    """uid -> prompt ids of this rank's rows."""
+def prompts_by_uid(data: DataProto) -> dict[str, list[int]]:
+    """uid -> prompt ids of this rank's rows of verl 0.7.1's ``DataProto``."""
     if "uid" not in data.non_tensor_batch:
         raise ValueError(
             "entropy forecast: the actor's batch has no non_tensor_batch['uid'] (verl's prompt-group id), so its "
@@ -65,15 +65,17 @@ def _prompts(data: DataProto) -> dict[str, list[int]]:
     return {str(uid): input_ids[i][prompt_mask[i]].tolist() for i, uid in enumerate(data.non_tensor_batch["uid"])}
 
 
-def eval_prompts(data: DataProto, select: Callable[[list[str]], list[str]]) -> EvalPrompts:
+def eval_prompts(prompts: dict[str, list[int]], select: Callable[[list[str]], list[str]]) -> EvalPrompts:
     """This rank's share of E's prompts, ``select(uids)`` of the global batch's distinct ``uids`` (the forecast's
     ``ForecastSettings.eval_uids``: sorted), the same count on every rank.
 
+    Args:
+        prompts: uid -> prompt ids of this rank's rows (:func:`prompts_by_uid`, or the engine worker's).
+
     Raises:
-        ValueError: no ``uid``, or fewer of E's prompts than data-parallel ranks.
+        ValueError: fewer of E's prompts than data-parallel ranks.
     """
     rank, size = world()
-    prompts = _prompts(data)
     if size > 1:
         gathered: list[dict[str, list[int]]] = [None] * size  # type: ignore[list-item]
         torch.distributed.all_gather_object(gathered, prompts)

@@ -42,8 +42,7 @@ from typing import Any
 import torch
 
 from treetune_verl.batch_keys import FORECAST_EVAL_META_KEY
-from treetune_verl.forecast.live import ForecastRun, ForecastState
-from treetune_verl.forecast.settings import forecast_settings
+from treetune_verl.forecast.live import ForecastRun, counted_call
 from treetune_verl.patching import Wrap, swapped
 from treetune_verl.ppo import loss_aggregation
 from treetune_verl.ppo.loss_aggregation import MiniBatchNormalisation, normalisation_for
@@ -67,7 +66,6 @@ UPDATE_ACTOR_PARAMS = ("self", "data")
 ROLLOUT_CORR_METRICS_PARAMS = ("log_prob", "rollout_log_prob", "response_mask")
 
 _FORECAST_REQUEST_ATTR = "_treetune_forecast_request"  # on the actor, for one update_policy call
-_FORECAST_STATE_ATTR = "_treetune_entropy_forecast"  # on the worker: ForecastState across updates
 
 # The normalisation of the update_policy call running in this process (None outside one, or without aborted rows).
 _ACTIVE_NORMALISATION: MiniBatchNormalisation | None = None
@@ -78,16 +76,12 @@ def _wrap_update_actor(original: Callable[..., Any]) -> Callable[..., Any]:
     def update_actor(self, data):
         # 1. forecast: on the steps our rollout manager sampled E for (the key present, its value not None), else
         # every k-th call of this worker (1, 1 + k, ...; a resumed run counts from its first step again)
-        settings = forecast_settings(self.config.rollout)
-        if settings is None:
+        counted = counted_call(self)
+        if counted is None:
             return original(self, data)
-        state = vars(self).setdefault(_FORECAST_STATE_ATTR, ForecastState())
-        state.calls += 1
-        if FORECAST_EVAL_META_KEY in data.meta_info:
-            due = data.meta_info[FORECAST_EVAL_META_KEY] is not None
-        else:
-            due = (state.calls - 1) % settings.every == 0
-        if not due:
+        settings, state = counted
+        marked = FORECAST_EVAL_META_KEY in data.meta_info
+        if not state.due(settings.every, marked, data.meta_info.get(FORECAST_EVAL_META_KEY)):
             return original(self, data)
         data.meta_info.setdefault("pad_token_id", self.tokenizer.pad_token_id)  # as update_actor does
         eos = getattr(getattr(self, "generation_config", None), "eos_token_id", None)

@@ -17,9 +17,10 @@ It refuses the new worker implementation (``trainer.use_legacy_worker_impl=disab
 reach: that worker's module, ``verl.workers.engine_workers``, is already imported in the process that builds its
 ``HFModelConfig`` (``engine_workers.py`` ``ActorRolloutRefWorker.init_model``); the legacy path never imports it.
 
-On verl 0.9.1 (the current stack) the engine worker is the only actor, and the same import is where the trainer's
-process selects our server before verl starts it: ``treetune_verl/trainer/v0_9_1/process_setup.py``. There the
-rollout-entropy block needs this module named too.
+On verl 0.9.1 (the current stack) the engine worker is the only actor (its seams:
+``treetune_verl/trainer/v0_9_1/actor_seams.py``), and the same import is where the trainer's process selects our
+server before verl starts it: ``treetune_verl/trainer/v0_9_1/process_setup.py``. There the rollout-entropy block
+needs this module named too.
 """
 
 from __future__ import annotations
@@ -31,9 +32,12 @@ from treetune_verl.verl_guard import on_current_stack
 NEW_WORKER_MODULE = "verl.workers.engine_workers"
 
 if on_current_stack():
-    # verl 0.9.1: the engine worker is the only actor; this selects our server in the trainer's process.
+    # verl 0.9.1: the engine worker is the only actor (its seams: the forecast); this also selects our server in the
+    # trainer's process.
+    from treetune_verl.trainer.v0_9_1 import actor_seams as engine_actor_seams
     from treetune_verl.trainer.v0_9_1 import process_setup
 
+    engine_actor_seams.install()
     process_setup.install()
 else:
     from treetune_verl.ppo import advantage  # noqa: F401  (registers the estimators; harmless here)

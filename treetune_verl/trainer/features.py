@@ -281,20 +281,13 @@ def check_current_stack(config: Any, verl_version: str) -> RunFeatures:
     Rollout entropy and entropy steering (forking tokens, advantage shaping: trainer-side only) run on verl 0.9.1's
     default (V1) trainer in its ``sync`` and ``colocate_async`` modes, over-sampling in ``sync`` with its replay
     buffer (:func:`check_current_over_sample_config`), managed agent sessions in ``sync`` and ``colocate_async`` (of
-    several rows each: not with over-sampling); the live forecast is refused naming its key and the version (its
-    verl 0.7.1 seams have no target on verl 0.9.1's engine-worker actor yet).
+    several rows each: not with over-sampling), the live forecast in the engine worker's actor
+    (``trainer/v0_9_1/actor_seams.py``; E sampled there: the V1 rollout does not sample E yet).
 
     Raises:
-        ValueError: naming the refused feature's key and ``verl_version``.
+        ValueError: naming the refused key and ``verl_version``.
     """
     features = RunFeatures.from_config(config, rollout_entropy=True)
-    refused = {f"the live entropy forecast ({FORECAST_SECTION})": features.forecast is not None}
-    for feature, on in refused.items():
-        if on:
-            raise ValueError(
-                f"{feature} does not run on verl {verl_version} yet (treetune-verl runs it on verl 0.7.1; the "
-                "README's support table lists what runs where): turn it off, or install the pinned stack"
-            )
     if not OmegaConf.select(config, USE_V1_KEY, default=True):
         raise ValueError(
             f"rollout entropy on verl {verl_version} runs in its default trainer: not {USE_V1_KEY}=false (verl's "

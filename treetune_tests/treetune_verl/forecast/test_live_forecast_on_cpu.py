@@ -30,12 +30,12 @@ from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.config import FSDPActorConfig, FSDPEngineConfig
 
 from treetune_tests.tiny_model import tiny_causal_lm
+from treetune_tests.treetune_verl.forecast.reference import joined, realised_change, token_lists
 from treetune_verl.batch_keys import FORECAST_EVAL_META_KEY
 from treetune_verl.forecast.live import ForecastRun, ForecastState
 from treetune_verl.forecast.rollout_eval import EvalResponses
 from treetune_verl.forecast.settings import ForecastSettings
 from treetune_verl.patching import original_of
-from treetune_verl.probe.batch import make_probe_batch
 from treetune_verl.probe.components import ProbeComponents
 
 PROMPT, RESPONSE, VOCAB, GROUPS, N = 3, 4, 32, 4, 2
@@ -194,35 +194,6 @@ def _ranks(
     return [torch.load(tmp_path / f"rank{rank}.pt", weights_only=False) for rank in range(world)]
 
 
-@torch.no_grad()
-def _sequence_stats(model: torch.nn.Module, prompt: list[int], response: list[int]) -> tuple[float, float]:
-    """(log π(response | prompt), Σ_t H_t nats over the response's positions) from one HF forward at T = 1."""
-    ids = torch.tensor([prompt + response])
-    logits = model.eval()(input_ids=ids).logits[0, len(prompt) - 1 : -1].double()  # the positions predicting y
-    log_p = torch.log_softmax(logits, dim=-1)
-    S = log_p.gather(-1, torch.tensor(response)[:, None]).sum()
-    F = -(log_p.exp() * log_p).sum()
-    return float(S), float(F)
-
-
-def _realised_change(
-    before: torch.nn.Module, after: torch.nn.Module, prompts: list[list[int]], responses: list[list[list[int]]]
-) -> torch.Tensor:
-    """Per prompt, (Ĥ(θ′) − Ĥ(θ)) / R from the responses sampled at θ: Ĥ(θ) = mean_g F_θ, Ĥ(θ′) = mean_g [w_g F_θ′ −
-    (w_g − 1) · mean_{g′≠g} F_θ′[g′]] with w_g = π_θ′(y_g) / π_θ(y_g) (unbiased importance weights with a
-    leave-one-out control variate)."""
-    changes = []
-    for prompt, group in zip(prompts, responses, strict=True):
-        S0, F0 = zip(*[_sequence_stats(before, prompt, y) for y in group], strict=True)
-        S1, F1 = zip(*[_sequence_stats(after, prompt, y) for y in group], strict=True)
-        w = [math.exp(s1 - s0) for s0, s1 in zip(S0, S1, strict=True)]
-        G = len(group)
-        others = [(sum(F1) - f) / (G - 1) for f in F1]
-        h_after = sum(w[g] * F1[g] - (w[g] - 1) * others[g] for g in range(G)) / G
-        changes.append((h_after - sum(F0) / G) / RESPONSE)
-    return torch.tensor(changes, dtype=torch.float64)
-
-
 def _reference(E: dict[str, torch.Tensor], E_batches: list[dict[str, torch.Tensor]]) -> dict[str, float]:
     """Plain model, verl's actor without FSDP: the real step's Δθ, X per prompt of E from the probe, realised change."""
     model = _model().train()
@@ -244,32 +215,10 @@ def _reference(E: dict[str, torch.Tensor], E_batches: list[dict[str, torch.Tenso
             dots.append(ProbeComponents.dot_param_buffers({n: buffer[n].double() for n in step}, step))
         out[f"deltaH1/{estimator}"] = float(np.mean(dots))
         out[f"deltaH1_se/{estimator}"] = float(np.std(dots, ddof=1) / math.sqrt(len(dots)))
-    prompts, responses = _token_lists(E_batches)
-    per_prompt = _realised_change(probe_model, model, prompts, responses)
+    per_prompt = realised_change(probe_model, model, *token_lists(E_batches), RESPONSE)
     out["deltaH_realised"] = float(per_prompt.mean())
     out["deltaH_realised_se"] = float(per_prompt.std() / math.sqrt(len(per_prompt)))
     return out
-
-
-def _token_lists(batches: list[dict[str, torch.Tensor]]) -> tuple[list[list[int]], list[list[list[int]]]]:
-    """The ranks' E shares as token lists: prompts ``[B]`` and responses ``[B][G]`` (read back from the layout of
-    ``probe/batch.py``: left-padded prompt, right-padded responses, attention mask)."""
-    prompts, responses = [], []
-    for E in batches:
-        seq, mask = E["sequences"], E["attention_masks"].bool()
-        for b in range(seq.shape[0]):
-            start = int(mask[b, 0].long().argmax())
-            P = start + int(E["prompt_lens"][b])
-            prompts.append(seq[b, 0, start:P].tolist())
-            responses.append([seq[b, g, P:][mask[b, g, P:]].tolist() for g in range(seq.shape[1])])
-    return prompts, responses
-
-
-def _joined(batches: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """The ranks' E shares as one probe batch."""
-    prompts, responses = _token_lists(batches)
-    B = len(prompts)
-    return make_probe_batch(prompts, responses, torch.zeros(B, N), 0, [RESPONSE] * B)
 
 
 def _with_rank_zero(fn, *args):
@@ -291,12 +240,12 @@ def _with_rank_zero(fn, *args):
 def test_fsdp2_forecast_matches_the_plain_reference(tmp_path, world, method, given):
     results = _ranks(world, tmp_path, mini_rows=GROUPS * N, method=method, given=given)  # one optimizer step
     E_batches = [result["E"] for result in results]
-    E = _joined(E_batches)
+    E = joined(E_batches, N, RESPONSE)
     assert E["sequences"].shape[:2] == (GROUPS, N)  # every prompt once, G = rollout.n fresh responses
     if given:  # exactly the rollout's E, prompt for prompt (ranks take uids rank, rank + W, ...): not U's rows
         rollout = _rollout_eval(_data(seed=2))
         order = [b for rank in range(world) for b in range(rank, GROUPS, world)]
-        assert _token_lists(E_batches) == (
+        assert token_lists(E_batches) == (
             [rollout.prompt_ids[b].tolist() for b in order],
             [[r.tolist() for r in rollout.response_ids[b]] for b in order],
         )

@@ -23,7 +23,7 @@ from verl.workers.fsdp_workers import ActorRolloutRefWorker
 from treetune_verl.forecast import live
 from treetune_verl.forecast.plot import plot_forecast, read_forecasts
 from treetune_verl.forecast.settings import SECTION, ForecastSettings, forecast_settings
-from treetune_verl.forecast.verl_batch import eval_prompts
+from treetune_verl.forecast.verl_batch import eval_prompts, prompts_by_uid
 from treetune_verl.patching import is_patched, original_of
 from treetune_verl.trainer import actor_seams
 from treetune_verl.verl_guard import UnsupportedVerlError
@@ -222,13 +222,14 @@ def _rows(uids: list[str], prompts: list[list[int]]) -> DataProto:
 
 def test_eval_prompts_are_the_distinct_prompts_without_padding():
     data = _rows(["b", "a", "b", "a"], [[4, 5], [3], [4, 5], [3]])
-    prompts = eval_prompts(data, ForecastSettings(eval_share=1.0).eval_uids)
+    assert prompts_by_uid(data) == {"b": [4, 5], "a": [3]}
+    prompts = eval_prompts(prompts_by_uid(data), ForecastSettings(eval_share=1.0).eval_uids)
     assert prompts.prompt_ids == [[3], [4, 5]] and prompts.total == 2 and prompts.left_out == 0
-    half = eval_prompts(data, ForecastSettings(eval_share=0.5).eval_uids)  # E's share: the first uid, "a"
+    half = eval_prompts(prompts_by_uid(data), ForecastSettings(eval_share=0.5).eval_uids)  # E's share: uid "a"
     assert half.prompt_ids == [[3]] and half.total == 1
     data.non_tensor_batch.pop("uid")
     with pytest.raises(ValueError, match="uid"):
-        eval_prompts(data, ForecastSettings().eval_uids)
+        prompts_by_uid(data)
 
 
 def test_fsdp1_is_refused():

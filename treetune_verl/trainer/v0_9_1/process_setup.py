@@ -18,7 +18,7 @@ in ``HFModelConfig.__post_init__`` (``workers/config/model.py:148``), which ``_s
    ``EntropySGLangReplica`` through verl's own attribute for it (``rollout_replica_class``, "for recipe to
    change"), and installs the V1 trainer's seams (``trainer_seams.py``). The reward model's and teacher's
    replicas are built elsewhere (``get_rollout_replica_class``) and stay verl's; a run without the block is
-   untouched. The policy's server manager is kept (:func:`policy_server_manager`): over-sampling's replay buffer,
+   untouched, except that the live forecast is refused there (its metrics need the block's trainer seams). The policy's server manager is kept (:func:`policy_server_manager`): over-sampling's replay buffer,
    in the same process, aborts groups on its servers.
 
 Why not ``RolloutReplicaRegistry.register("sglang", ...)``: the reward model and the teacher share that entry, and a
@@ -98,10 +98,30 @@ def _select(config: Any) -> type:
     return EntropySGLangReplica
 
 
+def _refuse_forecast_without_block(config: Any) -> None:
+    """The forecast's metrics reach the trainer as ``actor/probe/*`` (verl prefixes the actor's); the block's trainer
+    seams name them back (``trainer_seams.py``), so on verl 0.9.1 the forecast runs with the block.
+
+    Raises:
+        ValueError: the forecast's key set without the block's manager.
+    """
+    from treetune_verl.forecast.settings import SECTION, forecast_settings
+    from treetune_verl.trainer.features import MANAGER_CLASS, MANAGER_KEY
+
+    rollout = OmegaConf.select(config, "actor_rollout_ref.rollout", default=None)
+    if rollout is not None and forecast_settings(rollout) is not None:
+        raise ValueError(
+            f"{SECTION} on verl {installed_verl_version()} runs with rollout entropy ({MANAGER_KEY}={MANAGER_CLASS}, "
+            "the +treetune=rollout_entropy block): its trainer seams report the forecast's probe/* metrics"
+        )
+
+
 def _wrap_llm_server_manager_init(original):
     def __init__(self, config, worker_group=None, rollout_resource_pool=None, start_rank=0, load_balancer_cls=None):
         global _POLICY_SERVER_MANAGER
-        if selects_rollout_entropy(config) and not hasattr(self, "rollout_replica_class"):
+        if not selects_rollout_entropy(config):
+            _refuse_forecast_without_block(config)
+        elif not hasattr(self, "rollout_replica_class"):
             self.rollout_replica_class = _select(config)
             _POLICY_SERVER_MANAGER = self
         original(self, config, worker_group, rollout_resource_pool, start_rank, load_balancer_cls)

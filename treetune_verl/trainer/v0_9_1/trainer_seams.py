@@ -27,6 +27,8 @@ the advantages are in TransferQueue after it)      (``ppo/entropy_advantage.py``
                                                    rows; verl's padding rows keep theirs)
 ``PPOTrainer._validate`` (``:1031``)            1. rollout entropy of every validation row it sampled:
                                                    ``val-aux/rollout_entropy/...``
+``PPOTrainer._update_actor`` (``:1827``)        1. forecast: its metrics (``probe/*``, ``timing_s/probe``) named
+                                                   back from ``actor/...`` (the actor seam's, ``actor_seams.py``)
 ``PPOTrainer._compute_metrics`` (``:1868``)     1. every feature's seconds in our code this step
                                                    (``timing_s/treetune/*``, ``treetune/share_of_step``)
 ``PPOTrainerSync.on_init_end`` (``trainer_sync  1. carry-over: the servers' weight version (``set_global_steps``)
@@ -61,6 +63,8 @@ from treetune_verl.batch_keys import (
     ROLLOUT_ENTROPY_KEY,
     TOKEN_GLOBAL_STEPS_KEY,
 )
+from treetune_verl.forecast.live import PREFIX as FORECAST_PREFIX
+from treetune_verl.forecast.live import PROBE_TIMING
 from treetune_verl.patching import Wrap, swapped
 from treetune_verl.ppo.entropy_advantage import steer_advantages
 from treetune_verl.timing import OVER_SAMPLING, ROLLOUT_ENTROPY, SECONDS, STEERING, TRAINER_HOOKS, step_metrics
@@ -76,6 +80,7 @@ ACTOR_ENTROPY_KEY = "entropy"  # the V1 trainer's name for the actor's per-token
 PADDING_TAG = "is_padding"  # rows verl adds to fill the batch (verl/trainer/ppo/padding_utils.py)
 TRAINING_PREFIX = "timing_s/"  # the pinned stack's names (module docstring)
 VALIDATION_PREFIX = "val-aux/"
+ACTOR_PREFIX = "actor/"  # what verl's _update_actor puts before every actor metric (trainer_base.py rename_dict)
 
 # Signatures the wrappers repeat: verl 0.9.1 trainer/ppo/v1/trainer_base.py.
 _COMPUTE_OLD_LOG_PROB_PARAMS = ("self", "batch", "metrics")
@@ -84,6 +89,7 @@ _SELF = ("self",)  # prepare_step, _validate; PPOTrainerSync (trainer_sync.py) o
 _COMPUTE_METRICS_PARAMS = ("self", "batch", "metrics", "timing_raw", "global_steps", "epoch")
 _SUBMIT_BATCH_PARAMS = ("self", "batch")
 _REISSUE_PARAMS = ("self", "partition_id")  # _save_checkpoint, _load_checkpoint: _SELF
+_UPDATE_ACTOR_PARAMS = ("self", "batch", "metrics")
 
 
 def _padded(rows: list[torch.Tensor]) -> torch.Tensor:
@@ -276,6 +282,23 @@ def _wrap_compute_metrics(original):
     return _compute_metrics
 
 
+def forecast_metrics_named_back(metrics: dict[str, Any]) -> None:
+    """The forecast's metrics under their own names (``probe/*``, ``timing_s/probe``; the pinned stack's): verl's
+    ``_update_actor`` prefixes every actor metric ``actor/`` (``rename_dict``), in place."""
+    for key in [k for k in metrics if k.startswith(ACTOR_PREFIX + FORECAST_PREFIX) or k == ACTOR_PREFIX + PROBE_TIMING]:
+        metrics[key.removeprefix(ACTOR_PREFIX)] = metrics.pop(key)
+
+
+def _wrap_update_actor(original):
+    def _update_actor(self, batch, metrics):
+        result = original(self, batch, metrics)
+        # 1. forecast: its metrics named back (the engine worker's actor seam, actor_seams.py, added them)
+        forecast_metrics_named_back(metrics)
+        return result
+
+    return _update_actor
+
+
 def _wrap_prepare_step(original):
     def prepare_step(self):
         carried = self.replay_buffer.carried if _FEATURES.carry_over else 0
@@ -389,6 +412,7 @@ def install(features: RunFeatures) -> None:
         Wrap(trainer, "_compute_advantage", _wrap_compute_advantage, _COMPUTE_ADVANTAGE_PARAMS),
         Wrap(trainer, "_validate", _wrap_validate, _SELF),
         Wrap(trainer, "_compute_metrics", _wrap_compute_metrics, _COMPUTE_METRICS_PARAMS),
+        Wrap(trainer, "_update_actor", _wrap_update_actor, _UPDATE_ACTOR_PARAMS),
         Wrap(trainer, "_submit_batch_to_rollout", _wrap_in_async_branch, _SUBMIT_BATCH_PARAMS),
         Wrap(trainer, "_save_checkpoint", _wrap_in_async_branch, _SELF),
         Wrap(trainer, "_load_checkpoint", _wrap_load_checkpoint, _SELF),

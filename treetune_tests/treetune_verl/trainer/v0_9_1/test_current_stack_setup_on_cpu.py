@@ -21,8 +21,6 @@ from treetune_verl.trainer.features import check_current_stack
 
 pytestmark = pytest.mark.skipif(importlib.metadata.version("verl") != "0.9.1", reason="verl 0.9.1 (the current stack)")
 
-REFUSED = {"forecast": "the live entropy forecast"}  # feature -> words of its refusal
-
 
 @pytest.fixture(scope="module")
 def process_setup():
@@ -60,11 +58,17 @@ def test_a_run_without_the_block_keeps_verls_server(process_setup, tiny_model_di
     assert _manager(config).rollout_replica_class is get_rollout_replica_class("sglang")
 
 
-@pytest.mark.parametrize("name", list(REFUSED))
-def test_features_not_on_verl_0_9_1_yet_are_refused_before_any_server(name, process_setup, tiny_model_dir, tmp_path):
-    config = _compose(_command_line((name,), tiny_model_dir, tmp_path))
-    with pytest.raises(ValueError, match=f"{REFUSED[name]} .* does not run on verl 0.9.1 yet"):
-        _manager(config)
+def test_the_forecast_starts_with_the_block_and_is_refused_without(process_setup, tiny_model_dir, tmp_path):
+    """The e2e script's forecast command line starts (the engine worker's seam, ``actor_seams.py``); without the
+    block's manager, whose trainer seams report the forecast's metrics, it is refused before any server."""
+    from treetune_verl.trainer.features import MANAGER_KEY
+
+    overrides = _command_line(("forecast",), tiny_model_dir, tmp_path)
+    assert "forecast" in check_current_stack(_compose(overrides), "0.9.1").enabled
+    _manager(_compose(overrides))  # not refused
+    without_block = _compose([*overrides, f"{MANAGER_KEY}=null"])
+    with pytest.raises(ValueError, match="entropy_forecast on verl 0.9.1 runs with rollout entropy"):
+        _manager(without_block)
 
 
 def test_failed_rows_aborted_start_with_the_replay_buffer_and_are_refused_without(
