@@ -18,7 +18,14 @@ from __future__ import annotations
 from typing import Any
 
 from treetune_verl.batch_keys import FORECAST_EVAL_META_KEY
-from treetune_verl.forecast.live import ActorView, ForecastRun, ForecastState, UpdateInputs
+from treetune_verl.forecast.live import (
+    ActorView,
+    ForecastRun,
+    ForecastState,
+    UpdateInputs,
+    eos_token_ids,
+    rows_per_forward,
+)
 from treetune_verl.forecast.settings import ForecastSettings
 from treetune_verl.forecast.verl_batch import eval_prompts
 
@@ -48,13 +55,6 @@ def prompts_by_uid(data: Any) -> dict[str, list[int]]:
     return {str(uid): prompt.tolist() for uid, prompt in zip(uids, data["prompts"].unbind(0), strict=True)}
 
 
-def _eos_token_ids(model_config: Any) -> list[int]:
-    """End-of-sequence ids of the policy: its generation config's, else its tokenizer's."""
-    eos = getattr(model_config.generation_config, "eos_token_id", None)
-    eos = model_config.tokenizer.eos_token_id if eos is None else eos
-    return list(eos) if isinstance(eos, list | tuple) else [eos]
-
-
 def engine_forecast(worker: Any, data: Any, settings: ForecastSettings, state: ForecastState) -> ForecastRun:
     """The forecast around ``worker.update_actor(data)`` (verl 0.9.1's ``ActorRolloutRefWorker``), E taken or
     sampled now, at θ.
@@ -70,13 +70,12 @@ def engine_forecast(worker: Any, data: Any, settings: ForecastSettings, state: F
     training = worker.actor
     engine, engine_config = training.engine, training.engine_config
     rollout = worker.config.rollout
-    rows = engine_config.micro_batch_size_per_gpu
-    if not rows:  # dynamic batch sizes: the token budget over the widest row
-        rows = int(engine_config.max_token_len_per_gpu) // (int(rollout.prompt_length) + int(rollout.response_length))
+    width = int(rollout.prompt_length) + int(rollout.response_length)  # the widest row
+    rows = rows_per_forward(engine_config.micro_batch_size_per_gpu, engine_config.max_token_len_per_gpu, width)
     temperature = _field(data, "temperature")
     if temperature is None:
         raise ValueError("entropy forecast: the actor's batch has no 'temperature' (the V1 trainer's extra_info)")
-    view = ActorView(engine.module, engine.optimizer, max(1, int(rows)), engine, "optimizer_step")
+    view = ActorView(engine.module, engine.optimizer, rows, engine, "optimizer_step")
     inputs = UpdateInputs(
         temperature=float(temperature),
         pad_token_id=int(training.model_config.tokenizer.pad_token_id),
@@ -84,4 +83,5 @@ def engine_forecast(worker: Any, data: Any, settings: ForecastSettings, state: F
         eval_prompts=lambda: eval_prompts(prompts_by_uid(data), settings.eval_uids),
         response_width=int(rollout.response_length),
     )
-    return ForecastRun(view, inputs, settings, state, int(rollout.n), _eos_token_ids(training.model_config))
+    eos = eos_token_ids(training.model_config.generation_config, training.model_config.tokenizer)
+    return ForecastRun(view, inputs, settings, state, int(rollout.n), eos)

@@ -255,13 +255,20 @@ class UpdateInputs:
     response_width: int | None = None
 
 
-def rows_per_forward(actor_config: Any, width: int) -> int:
-    """verl 0.7.1's micro-batch of rows: ``ppo_micro_batch_size_per_gpu``, or with dynamic batch sizes
-    ``ppo_max_token_len_per_gpu`` // the row width ``width``; at least one."""
-    rows = actor_config.ppo_micro_batch_size_per_gpu
-    if not rows:
-        rows = int(actor_config.ppo_max_token_len_per_gpu) // width
+def rows_per_forward(micro_batch_rows: int | None, max_token_len: int | None, width: int) -> int:
+    """verl's micro-batch of rows: ``micro_batch_rows``, or with dynamic batch sizes (no row count) the token budget
+    ``max_token_len`` // the row width ``width``; at least one. verl 0.7.1's actor names them
+    ``ppo_micro_batch_size_per_gpu`` / ``ppo_max_token_len_per_gpu``, verl 0.9.1's engine ``micro_batch_size_per_gpu`` /
+    ``max_token_len_per_gpu``."""
+    rows = micro_batch_rows or int(max_token_len) // width
     return max(1, int(rows))
+
+
+def eos_token_ids(generation_config: Any, tokenizer: Any) -> list[int]:
+    """End-of-sequence ids of the policy: its generation config's (may be None), else its tokenizer's."""
+    eos = getattr(generation_config, "eos_token_id", None)
+    eos = tokenizer.eos_token_id if eos is None else eos
+    return list(eos) if isinstance(eos, list | tuple) else [eos]
 
 
 def prompts_per_forward(rows: int, G: int) -> int:
@@ -353,7 +360,11 @@ class ForecastRun:
         """
         width = int(data.batch["input_ids"].shape[1])
         view = ActorView(
-            actor.actor_module, actor.actor_optimizer, rows_per_forward(actor.config, width), actor, "_optimizer_step"
+            actor.actor_module,
+            actor.actor_optimizer,
+            rows_per_forward(actor.config.ppo_micro_batch_size_per_gpu, actor.config.ppo_max_token_len_per_gpu, width),
+            actor,
+            "_optimizer_step",
         )
         inputs = UpdateInputs(
             temperature=float(data.meta_info["temperature"]),

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from treetune_verl.batch_keys import FORECAST_EVAL_META_KEY
-from treetune_verl.forecast.live import ForecastRun, counted_call
+from treetune_verl.forecast.live import ForecastRun, counted_call, eos_token_ids
 from treetune_verl.patching import Wrap, swapped
 from treetune_verl.ppo import loss_aggregation
 from treetune_verl.ppo.loss_aggregation import MiniBatchNormalisation, normalisation_for
@@ -84,10 +84,8 @@ def _wrap_update_actor(original: Callable[..., Any]) -> Callable[..., Any]:
         if not state.due(settings.every, marked, data.meta_info.get(FORECAST_EVAL_META_KEY)):
             return original(self, data)
         data.meta_info.setdefault("pad_token_id", self.tokenizer.pad_token_id)  # as update_actor does
-        eos = getattr(getattr(self, "generation_config", None), "eos_token_id", None)
-        eos = self.tokenizer.eos_token_id if eos is None else eos
-        eos_token_ids = list(eos) if isinstance(eos, list | tuple) else [eos]
-        request = (settings, state, int(self.config.rollout.n), eos_token_ids)
+        eos = eos_token_ids(getattr(self, "generation_config", None), self.tokenizer)
+        request = (settings, state, int(self.config.rollout.n), eos)
         with swapped(self.actor, _FORECAST_REQUEST_ATTR, request):
             return original(self, data)
 

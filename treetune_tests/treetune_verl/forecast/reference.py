@@ -10,7 +10,35 @@ import math
 
 import torch
 
+from treetune_verl.forecast.settings import ForecastSettings
 from treetune_verl.probe.batch import make_probe_batch
+from treetune_verl.probe.components import ProbeComponents
+
+
+def full_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter whole, copied (a collective under FSDP2: every rank calls it)."""
+    return {
+        name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+        for name, p in model.named_parameters()
+    }
+
+
+def directional_reference(
+    model: torch.nn.Module, E: dict[str, torch.Tensor], step: dict[str, torch.Tensor], settings: ForecastSettings
+) -> dict[str, float]:
+    """⟨X_b, Δθ⟩ per prompt b of E (X from the probe's backward passes on ``model`` at θ, T = 1; ``step`` = Δθ by
+    parameter name, float64): per estimator the mean ``deltaH1/<e>`` and its standard error ``deltaH1_se/<e>``."""
+    out = {}
+    for estimator in settings.estimators:
+        components = ProbeComponents(model, settings.probe_config(estimator, 1.0))
+        dots = []
+        for i in range(E["sequences"].shape[0]):
+            buffer, _ = components.accumulate_sum_X({k: v[i : i + 1] for k, v in E.items()}, 1)
+            dots.append(ProbeComponents.dot_param_buffers({n: buffer[n].double() for n in step}, step))
+        values = torch.tensor(dots, dtype=torch.float64)
+        out[f"deltaH1/{estimator}"] = float(values.mean())
+        out[f"deltaH1_se/{estimator}"] = float(values.std() / math.sqrt(len(values)))
+    return out
 
 
 @torch.no_grad()

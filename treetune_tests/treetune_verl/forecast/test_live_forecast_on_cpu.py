@@ -30,13 +30,18 @@ from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.config import FSDPActorConfig, FSDPEngineConfig
 
 from treetune_tests.tiny_model import tiny_causal_lm
-from treetune_tests.treetune_verl.forecast.reference import joined, realised_change, token_lists
+from treetune_tests.treetune_verl.forecast.reference import (
+    directional_reference,
+    full_parameters,
+    joined,
+    realised_change,
+    token_lists,
+)
 from treetune_verl.batch_keys import FORECAST_EVAL_META_KEY
 from treetune_verl.forecast.live import ForecastRun, ForecastState
 from treetune_verl.forecast.rollout_eval import EvalResponses
 from treetune_verl.forecast.settings import ForecastSettings
 from treetune_verl.patching import original_of
-from treetune_verl.probe.components import ProbeComponents
 
 PROMPT, RESPONSE, VOCAB, GROUPS, N = 3, 4, 32, 4, 2
 LENGTHS = [4, 2, 3, 4, 1, 4, 2, 3]  # row k belongs to group k // N
@@ -98,13 +103,6 @@ def _optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
     return torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
 
 
-def _full(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {
-        name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
-        for name, p in model.named_parameters()
-    }
-
-
 def _rollout_eval(data: DataProto) -> EvalResponses:
     """E as our manager hands it over: the batch's prompts (sorted by uid), N responses each (lengths 1 to RESPONSE,
     ids from a generator of their own: not the batch's responses), the same on every rank."""
@@ -148,7 +146,7 @@ def _run(
     try:
         actor = _fsdp2_actor(rank, world, mini_rows)
         model = actor.actor_module
-        before = _full(model)
+        before = full_parameters(model)
         data = _rank_rows(_data(seed=2), rank, world)
         if given:
             data.meta_info[FORECAST_EVAL_META_KEY] = _rollout_eval(_data(seed=2))
@@ -164,13 +162,13 @@ def _run(
         verl_metrics, metrics = ForecastRun.from_dp_actor(actor, data, settings, state, N, [1]).around(
             lambda: update(actor, data)
         )
-        after = _full(model)
+        after = full_parameters(model)
         step_norm = math.sqrt(sum(float((after[n].double() - before[n].double()).pow(2).sum()) for n in before))
         result = {"metrics": metrics, "verl": verl_metrics, "real_step_norm": step_norm, "E": state.last_eval}
         if compare_plain:  # the same two updates without the forecast, from the same start
             plain = _fsdp2_actor(rank, world, mini_rows)
             plain.update_policy(_rank_rows(_data(seed=2), rank, world))
-            plain_after = _full(plain.actor_module)
+            plain_after = full_parameters(plain.actor_module)
             result["max_diff_to_plain"] = max(float((after[n] - plain_after[n]).abs().max()) for n in after)
         torch.save(result, Path(out_dir) / f"rank{rank}.pt")
     finally:
@@ -201,20 +199,12 @@ def _reference(E: dict[str, torch.Tensor], E_batches: list[dict[str, torch.Tenso
     update = original_of(DataParallelPPOActor.update_policy)
     update(actor, _data(seed=1))
     data = _data(seed=2)
-    B = E["sequences"].shape[0]
     probe_model = copy.deepcopy(model)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     update(actor, data)
     step = {n: p.detach().double() - before[n].double() for n, p in model.named_parameters()}
     out = {"step_norm": math.sqrt(sum(float(t.pow(2).sum()) for t in step.values()))}
-    for estimator in SETTINGS.estimators:
-        components = ProbeComponents(probe_model, SETTINGS.probe_config(estimator, 1.0))
-        dots = []
-        for i in range(B):
-            buffer, _ = components.accumulate_sum_X({k: v[i : i + 1] for k, v in E.items()}, 1)
-            dots.append(ProbeComponents.dot_param_buffers({n: buffer[n].double() for n in step}, step))
-        out[f"deltaH1/{estimator}"] = float(np.mean(dots))
-        out[f"deltaH1_se/{estimator}"] = float(np.std(dots, ddof=1) / math.sqrt(len(dots)))
+    out |= directional_reference(probe_model, E, step, SETTINGS)
     per_prompt = realised_change(probe_model, model, *token_lists(E_batches), RESPONSE)
     out["deltaH_realised"] = float(per_prompt.mean())
     out["deltaH_realised_se"] = float(per_prompt.std() / math.sqrt(len(per_prompt)))

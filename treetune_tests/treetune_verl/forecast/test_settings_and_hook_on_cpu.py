@@ -281,5 +281,6 @@ def test_e_forwards_use_verls_micro_batch(config, rows, prompts):
     actor_config = FSDPActorConfig(
         strategy="fsdp2", ppo_mini_batch_size=8, rollout_n=2, use_torch_compile=False, **config
     )
-    assert live.rows_per_forward(actor_config, width=128) == rows
+    rows_of = (actor_config.ppo_micro_batch_size_per_gpu, actor_config.ppo_max_token_len_per_gpu)
+    assert live.rows_per_forward(*rows_of, width=128) == rows
     assert live.prompts_per_forward(rows, G=2) == prompts

@@ -27,6 +27,14 @@ import numpy as np
 import pytest
 import torch
 
+from treetune_tests.treetune_verl.forecast.reference import (
+    directional_reference,
+    full_parameters,
+    joined,
+    realised_change,
+    token_lists,
+)
+
 pytestmark = pytest.mark.skipif(importlib.metadata.version("verl") != "0.9.1", reason="verl 0.9.1 (the current stack)")
 
 PROMPT, RESPONSE, GROUPS, N = 3, 4, 4, 2
@@ -130,14 +138,6 @@ def _batch(worker, seed: int, vocab: int, rank: int, world: int):
     return batch
 
 
-def _full(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter whole (a collective under FSDP2: every rank calls it)."""
-    return {
-        name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
-        for name, p in model.named_parameters()
-    }
-
-
 def _rank(rank: int, world: int, port: int, model_path: str, out_dir: str, method: str) -> None:
     """One rank: verl's actor worker; a plain update, then the forecast update through the seam; what it saw saved."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1")
@@ -153,9 +153,9 @@ def _rank(rank: int, world: int, port: int, model_path: str, out_dir: str, metho
     vocab = worker.actor.model_config.hf_config.vocab_size
     original_of(ActorRolloutRefWorker.update_actor)(worker, _batch(worker, 1, vocab, rank, world))  # AdamW state
     module = worker.actor.engine.module
-    before = _full(module)
+    before = full_parameters(module)
     output = worker.update_actor(_batch(worker, 2, vocab, rank, world))
-    after = _full(module)
+    after = full_parameters(module)
     from verl.utils import tensordict_utils as tu
 
     state = vars(worker)[STATE_ATTR]
@@ -177,9 +177,7 @@ def _reference(model_path: str, before: dict, after: dict, E: dict[str, torch.Te
     HF forwards at θ and θ′."""
     from transformers import AutoModelForCausalLM
 
-    from treetune_tests.treetune_verl.forecast.reference import realised_change, token_lists
     from treetune_verl.forecast.settings import ForecastSettings
-    from treetune_verl.probe.components import ProbeComponents
 
     def model_at(weights):
         model = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32, attn_implementation="sdpa")
@@ -191,14 +189,7 @@ def _reference(model_path: str, before: dict, after: dict, E: dict[str, torch.Te
     step = {n: after[n].double() - before[n].double() for n in before}
     out = {"step_norm": math.sqrt(sum(float(t.pow(2).sum()) for t in step.values()))}
     at_theta = model_at(before)
-    for estimator in settings.estimators:
-        components = ProbeComponents(at_theta, settings.probe_config(estimator, 1.0))
-        dots = []
-        for i in range(E["sequences"].shape[0]):
-            buffer, _ = components.accumulate_sum_X({k: v[i : i + 1] for k, v in E.items()}, 1)
-            dots.append(ProbeComponents.dot_param_buffers({n: buffer[n].double() for n in step}, step))
-        out[f"deltaH1/{estimator}"] = float(np.mean(dots))
-        out[f"deltaH1_se/{estimator}"] = float(np.std(dots, ddof=1) / math.sqrt(len(dots)))
+    out |= directional_reference(at_theta, E, step, settings)
     per_prompt = realised_change(at_theta, model_at(after), *token_lists([E]), RESPONSE)
     out["deltaH_realised"] = float(per_prompt.mean())
     out["deltaH_realised_se"] = float(per_prompt.std() / math.sqrt(len(per_prompt)))
@@ -208,8 +199,6 @@ def _reference(model_path: str, before: dict, after: dict, E: dict[str, torch.Te
 @pytest.mark.parametrize(("world", "method"), [(1, "central_difference"), (2, "backward")])
 def test_engine_worker_forecast_matches_the_plain_reference(tiny_model_dir, tmp_path, monkeypatch, world, method):
     from transformers import AutoTokenizer
-
-    from treetune_tests.treetune_verl.forecast.reference import joined
 
     for key, value in CPU_RUNTIME.items():
         monkeypatch.setenv(key, value)
