@@ -7,8 +7,8 @@
 #
 #   bash tools/side_by_side.sh LABEL COMMAND [LABEL COMMAND ...]
 #
-# `make test` runs the two stacks' suites this way: on 2 cores one suite alone keeps them about 60 % busy (its time
-# goes to process start-up: Ray, sglang's scheduler, verl's workers), two side by side about 95 %.
+# `make test` runs the two stacks' suites this way: on 2 cores one suite alone leaves them partly idle (much of its
+# time goes to process start-up: Ray, sglang's scheduler, verl's workers); the README gives both ways' CI timings.
 set -uo pipefail
 
 (($# >= 2 && $# % 2 == 0)) || { echo "usage: $0 LABEL COMMAND [LABEL COMMAND ...]" >&2; exit 2; }
