@@ -51,7 +51,7 @@ CURRENT = importlib.metadata.version("verl") == "0.9.1"  # the current stack (ve
 BLOCK_EXTRA = ["actor_rollout_ref.model.external_lib=treetune_verl.trainer.actor_setup"] if CURRENT else []
 # The agent-loop worker class in the log: ours on both stacks (on verl 0.9.1 a subclass of verl's TransferQueue worker,
 # agent_loop/session_rows_worker_tq.py).
-WORKER_CLASS = "SessionRowsWorkerTQ" if CURRENT else "EntropyAgentLoopWorker"
+WORKER_CLASS = "EntropyAgentLoopWorkerTQ" if CURRENT else "EntropyAgentLoopWorker"
 # In verl 0.9.1's runs also forking tokens (the top 20 % of tokens by rollout entropy carry the policy gradient) and
 # the live forecast every step in the engine worker's actor, over its 2 ranks (the script checks its probe/* metrics:
 # check_metrics --forecast-every 1); on verl 0.7.1 test_e2e_all_features_on_cpu.py runs them.
@@ -137,6 +137,14 @@ def test_resume_refuses_without_a_saved_run_or_in_place(tiny_model_dir, tmp_path
     assert unknown.returncode == 2 and "E2E_VARIANT must be" in unknown.stderr
 
 
+def _check_rollout_eval(metrics: dict) -> None:
+    """verl 0.9.1: the forecast's E sampled by the rollout's servers beside the step's rows, none in the actor: half
+    of the step's 4 prompts (eval_share 0.5), one per rank."""
+    if CURRENT:
+        assert metrics["probe/sample_s"] == 0 and metrics["probe/eval_prompts"] == 2
+        assert metrics["probe/eval_gen_s"] > 0 and 0 < metrics["probe/eval_gen_token_share"] < 1
+
+
 def _run_variant(variant: str, workdir: Path, **env: str) -> subprocess.CompletedProcess:
     env = {"E2E_MODEL": "tiny", "E2E_VARIANT": variant, "E2E_WORKDIR": str(workdir), **CURRENT_ENV, **env}
     return run_training(env, timeout=1200)  # exit 0, nothing of the trainer's session left
@@ -159,6 +167,7 @@ def test_two_processes_kl_validation_checkpoint_then_resume():
     # the entropy loop, and no token's entropy is far from the actor's (fp32 on both sides)
     assert saved["timing_s/agent_loop/rollout_entropy/rows_without_entropy"] == 0
     assert saved["rollout_entropy/actor_abs_diff/max"] <= 1e-2
+    _check_rollout_eval(saved)
     log = (FULL / "train.log").read_text()
     assert "EntropySGLangHttpServer" in log and WORKER_CLASS in log
     assert {int(r) for r in re.findall(r"SGLang http server: .*replica_rank=(\d+)", log)} == {0, 1}
@@ -196,5 +205,6 @@ def test_two_processes_kl_validation_checkpoint_then_resume():
     assert {k for k in resumed if "rollout_entropy" in k} == entropy_keys and ENTROPY_MEAN in entropy_keys
     assert math.isfinite(resumed[PG_LOSS]) and resumed[ENTROPY_MEAN] > 0
     assert resumed[PROBS_DIFF] <= 1e-3 and resumed[PEARSON] >= 0.999
+    _check_rollout_eval(resumed)
     summary = json.loads((RESUME / "summary.json").read_text())
     assert [row["step"] for row in summary] == [1, 2]

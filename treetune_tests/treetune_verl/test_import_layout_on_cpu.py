@@ -245,9 +245,11 @@ def test_the_fork_server_reports_a_failed_import_and_sglang(fresh_imports):
 VERL_ONLY = {
     "treetune_verl.agent_loop.entropy_manager_tq": "0.9.1",
     "treetune_verl.agent_loop.entropy_tool_agent_loop_v0_9_1": "0.9.1",
+    "treetune_verl.agent_loop.forecast_eval_worker_tq": "0.9.1",
     "treetune_verl.agent_loop.over_sample_worker_tq": "0.9.1",
     "treetune_verl.agent_loop.resuming_client": "0.9.1",
     "treetune_verl.agent_loop.session_rows_worker_tq": "0.9.1",
+    "treetune_verl.agent_loop.worker_tq": "0.9.1",
     "treetune_verl.trainer.v0_9_1.over_sample_sampler": "0.9.1",
     "treetune_verl.agent_loop.entropy_tool_agent_loop": "0.7.1",
 }

@@ -10,7 +10,11 @@ not happen, before any rollout: without it the stock server would serve rows wit
 (``over_sample_worker_tq.py``), which the trainer's replay buffer aborts by uid; with carry-over their client
 resumes a turn cut by the pause around a weight update (``resuming_client.py``). Its workers always put each row of
 a managed session into TransferQueue as a row of its group, and refuse a session of another number of rows than
-``rollout.custom.managed.rows_per_session`` (``session_rows_worker_tq.py``, which the over-sampling worker extends).
+``rollout.custom.managed.rows_per_session`` (``session_rows_worker_tq.py``). With the live forecast
+(``rollout.custom.entropy_forecast``) it marks E's uids on the training calls the forecast is due at
+(:attr:`rollout_eval`, the same schedule as verl 0.7.1's manager); its workers sample E beside those rows
+(``forecast_eval_worker_tq.py``) and the trainer's ``_update_actor`` seam takes it for the actor
+(``forecast/rollout_eval_tq.py``). Its workers combine every feature in one class (``worker_tq.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from typing import Any
 
 import ray
 
+from treetune_verl.batch_keys import FORECAST_EVAL_PLAN_KEY
+from treetune_verl.forecast.rollout_eval import RolloutEval
 from treetune_verl.trainer.features import ACTOR_SETUP_MODULE, EXTERNAL_LIB_KEY, MANAGER_KEY, RunFeatures
 from treetune_verl.trainer.v0_9_1.process_setup import server_selected
 from treetune_verl.verl_guard import VERL_CURRENT
@@ -27,7 +33,8 @@ VERL_CURRENT.require("V1 agent-loop manager")  # verl 0.7.1 has no V1 trainer: i
 
 from verl.trainer.ppo.v1 import AgentLoopManagerTQ  # noqa: E402
 
-from treetune_verl.agent_loop.session_rows_worker_tq import SessionRowsWorkerTQ  # noqa: E402
+from treetune_verl.agent_loop.over_sample_worker_tq import session_client  # noqa: E402
+from treetune_verl.agent_loop.worker_tq import EntropyAgentLoopWorkerTQ  # noqa: E402
 
 
 class EntropyAgentLoopManager(AgentLoopManagerTQ):
@@ -44,19 +51,28 @@ class EntropyAgentLoopManager(AgentLoopManagerTQ):
                 "rollout servers before it loads the manager, and that module selects the entropy server then"
             )
         features = RunFeatures.from_config(config, rollout_entropy=True)
-        over_sampling = features.over_sample_rate > 0
-        if over_sampling:
-            from treetune_verl.agent_loop.over_sample_worker_tq import OverSamplingAgentLoopWorkerTQ, session_client
+        if features.over_sample_rate > 0 and features.carry_over:
+            from treetune_verl.agent_loop.resuming_client import resuming_client
 
-            if features.carry_over:
-                from treetune_verl.agent_loop.resuming_client import resuming_client
-
-                llm_client = resuming_client(llm_client)
-            else:
-                llm_client = session_client(llm_client)
+            llm_client = resuming_client(llm_client)
+        elif features.over_sample_rate > 0 or features.forecast is not None:
+            # turns named by group session (over-sampling), the row's prompt hook called (the forecast's E)
+            llm_client = session_client(llm_client)
         super().__init__(config, llm_client, *args, **kwargs)
-        # after verl's __init__, which sets its own worker class: ours, each worker feature a subclass of the one
-        # before (over_sample_worker_tq.py on session_rows_worker_tq.py)
-        self.agent_loop_workers_class = ray.remote(
-            OverSamplingAgentLoopWorkerTQ if over_sampling else SessionRowsWorkerTQ
+        # after verl's __init__, which sets its own worker class: ours, every worker-side feature in a stated order
+        self.agent_loop_workers_class = ray.remote(EntropyAgentLoopWorkerTQ)
+        self.rollout_eval = (
+            RolloutEval(features.forecast, config.actor_rollout_ref.rollout) if features.forecast is not None else None
         )
+
+    def generate_sequences(self, prompts: Any) -> None:
+        """verl's dispatch of ``prompts`` (a ``TensorDict``) to the workers; on a training call the forecast is due
+        at, E's uids marked first (``FORECAST_EVAL_PLAN_KEY``: a column the workers take off each prompt)."""
+        if self.rollout_eval is not None:
+            from verl.utils import tensordict_utils as tu
+
+            validate = bool(tu.get(prompts, "validate", default=False))
+            if self.rollout_eval.training_call_due(not validate):
+                plans = self.rollout_eval.plans([str(uid) for uid in tu.get(prompts, "uid")])
+                tu.assign_non_tensor_stack(prompts, FORECAST_EVAL_PLAN_KEY, plans)
+        return super().generate_sequences(prompts)

@@ -3,7 +3,7 @@
 """The live forecast's E, sampled by the agent-loop worker while the batch's rollout runs (``forecast/rollout_eval.py``).
 
 The manager marks the first row of each of E's uids with E's plan (``batch_keys.FORECAST_EVAL_PLAN_KEY``: G and the
-sampling parameters). When that row's agent loop sends its first turn (``session_server_manager.PROMPT_HOOK``: the
+sampling parameters). When that row's agent loop sends its first turn (``trajectory.PROMPT_HOOK``: the
 prompt ids as the loop rendered them), this worker starts G requests for that prompt in a task of their own, and the
 row goes on as without them: E decodes in the same server batches as the step's rows, from the start. A row that
 sends no turn, or a carried row (whose first turn resumes a response), starts E from the prompt ids it returns. Once
@@ -15,18 +15,15 @@ E's requests are not turns of the row's session, so an abort of that session (ov
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import time
 from typing import Any
-from uuid import uuid4
 
 import numpy as np
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, AgentLoopWorker, _InternalAgentLoopOutput
 from verl.protocol import DataProto
 
-from treetune_verl.agent_loop.session_server_manager import PROMPT_HOOK
+from treetune_verl.agent_loop.trajectory import PROMPT_HOOK
 from treetune_verl.batch_keys import CARRIED_ROW_KEY, FORECAST_EVAL_KEY, FORECAST_EVAL_PLAN_KEY
-from treetune_verl.forecast.rollout_eval import REQUEST_PREFIX, EvalPlan, SampledEval
+from treetune_verl.forecast.rollout_eval import EvalPlan, start_sampling
 
 
 class ForecastEvalWorker(AgentLoopWorker):
@@ -64,22 +61,4 @@ class ForecastEvalWorker(AgentLoopWorker):
         return await super()._agent_loop_postprocess(output, **kwargs)
 
     def _start_eval(self, uid: str, prompt_ids: list[int], plan: EvalPlan) -> None:
-        """E's requests for ``uid``'s prompt in a task of their own, unless started already (once per uid)."""
-        if uid in self._eval_tasks or len(prompt_ids) == 0:
-            return
-        self._eval_tasks[uid] = asyncio.get_running_loop().create_task(
-            self._sample_eval(list(prompt_ids), plan), context=contextvars.Context()
-        )
-
-    async def _sample_eval(self, prompt_ids: list[int], plan: EvalPlan) -> SampledEval:
-        """``plan.n`` responses to ``prompt_ids``, each from a request of its own (sticky key ``forecast-eval-...``)."""
-        start = time.perf_counter()
-        keys = [f"{REQUEST_PREFIX}{uuid4().hex}" for _ in range(plan.n)]
-        outputs = await asyncio.gather(
-            *[
-                self.server_manager.generate(key, prompt_ids=prompt_ids, sampling_params=plan.sampling_params())
-                for key in keys
-            ]
-        )
-        responses = [np.asarray(out.token_ids, dtype=np.int32) for out in outputs]
-        return SampledEval(np.asarray(prompt_ids, dtype=np.int32), responses, keys, time.perf_counter() - start)
+        start_sampling(self._eval_tasks, uid, prompt_ids, plan, self.server_manager)

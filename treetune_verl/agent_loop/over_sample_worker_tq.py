@@ -20,8 +20,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from treetune_verl.agent_loop.trajectory import CURRENT_TRAJECTORY, Trajectory
+from treetune_verl.agent_loop.trajectory import CURRENT_TRAJECTORY, PROMPT_HOOK, Trajectory
 from treetune_verl.rollout.session import group_session_id, turn_request_id
+from treetune_verl.trainer.features import RunFeatures
 from treetune_verl.verl_guard import VERL_CURRENT
 
 VERL_CURRENT.require("V1 over-sampling worker")  # verl 0.7.1's worker is over_sample_worker.py
@@ -34,11 +35,18 @@ __all__ = ["OverSamplingAgentLoopWorkerTQ", "SessionLLMServerClient", "session_c
 
 
 class SessionLLMServerClient(LLMServerClient):
-    """verl's client; a turn sent for a trajectory with a session gets ``<session><hex>`` as its request id.
+    """verl's client; a turn sent for a trajectory with a session gets ``<session><hex>`` as its request id, and a
+    row's :data:`~treetune_verl.agent_loop.trajectory.PROMPT_HOOK` sees each turn's prompt ids before it is sent.
 
     ``request_id`` stays what verl uses it for (the load balancer's sticky-session key); outside a trajectory, or
     for a validation row, the turn gets verl's own id.
     """
+
+    async def generate(self, request_id: str, **kwargs: Any) -> Any:
+        hook = PROMPT_HOOK.get()
+        if hook is not None:
+            hook(kwargs["prompt_ids"])
+        return await super().generate(request_id, **kwargs)
 
     def _vllm_request_id(self, request_id: str) -> str:
         trajectory = CURRENT_TRAJECTORY.get()
@@ -68,18 +76,20 @@ def session_client(
 
 
 class OverSamplingAgentLoopWorkerTQ(SessionRowsWorkerTQ):
-    """verl 0.9.1's TransferQueue agent-loop worker running each training row under its group's session (on the
-    managed-session rows worker: one row per session here, over-sampling refuses more)."""
+    """verl 0.9.1's TransferQueue agent-loop worker running each training row under its group's session when the run
+    over-samples (``rollout.over_sample_rate > 0``; on the managed-session rows worker: one row per session here,
+    over-sampling refuses more); as verl's otherwise (no session is named, none left on the servers)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # Not redundant: without an __init__ of its own, a subclass of an @ray.remote class (verl's is) dies in its
         # Ray actor with "super(type, obj): obj must be an instance or subtype of type" in the parent's __init__.
         super().__init__(*args, **kwargs)
+        self._over_sampling = RunFeatures.from_config(self.config, rollout_entropy=True).over_sample_rate > 0
 
     async def _run_agent_loop(
         self, sampling_params: dict[str, Any], trajectory: dict[str, Any], *, agent_name: str, **kwargs: Any
     ) -> Any:
-        if trajectory["validate"]:
+        if trajectory["validate"] or not self._over_sampling:
             return await super()._run_agent_loop(sampling_params, trajectory, agent_name=agent_name, **kwargs)
         group = str(kwargs["uid"])
         token = CURRENT_TRAJECTORY.set(Trajectory(session=group_session_id(group), group=group))

@@ -7,27 +7,22 @@ requests. Here the request id of each turn is ``<session prefix><hex>`` (:mod:`t
 session being the one of the calling trajectory (:data:`~treetune_verl.agent_loop.trajectory.CURRENT_TRAJECTORY`),
 and the servers can be told to abort sessions. Used by every agent loop of the worker, stock verl loops included.
 
-:data:`PROMPT_HOOK`: a callable a worker feature sets for one row's agent loop, called with the prompt ids of each of
+:data:`~treetune_verl.agent_loop.trajectory.PROMPT_HOOK`: a callable a worker feature sets for one row's agent loop, called with the prompt ids of each of
 that row's turns before the turn is sent (the live forecast starts E's requests for the row's prompt at its first).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from contextvars import ContextVar
 from typing import Any
 from uuid import uuid4
 
 from verl.experimental.agent_loop.agent_loop import AsyncLLMServerManager
 from verl.utils.rollout_trace import rollout_trace_op
 
-from treetune_verl.agent_loop.trajectory import CURRENT_TRAJECTORY
+from treetune_verl.agent_loop.trajectory import CURRENT_TRAJECTORY, PROMPT_HOOK
 from treetune_verl.rollout.session import turn_request_id
 from treetune_verl.rollout.token_output import ABORTED_STOP_REASON, empty_token_output
-
-# Set by a worker feature around one row's agent loop (the row's task and the tasks it starts see it); None elsewhere.
-PROMPT_HOOK: ContextVar[Callable[[list[int]], None] | None] = ContextVar("treetune_prompt_hook", default=None)
 
 
 class SessionServerManager(AsyncLLMServerManager):

@@ -14,13 +14,21 @@ computes its log-probabilities with, which the forecast differentiates), up to R
 batches as the step's rows. E is not rows of the batch: it goes to the actor in ``meta_info[FORECAST_EVAL_META_KEY]`` (:class:`EvalResponses`; ``None`` on a
 step without a forecast), so no loss, advantage, reward or metric of verl's sees it. E is independent of the batch's
 responses U: separate requests, separate samples from the same weights θ.
+
+On verl 0.9.1 (V1 trainer) the same plan goes to the V1 workers as a column of the prompts
+(``agent_loop/forecast_eval_worker_tq.py``) and E comes back through TransferQueue (``rollout_eval_tq.py``) into the
+actor batch's ``extra_info[FORECAST_EVAL_META_KEY]``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
+from uuid import uuid4
 
 import numpy as np
 from verl import DataProto
@@ -63,6 +71,52 @@ class SampledEval:
     request_ids: list[str]
     seconds: float
 
+    def to_record(self) -> dict[str, Any]:
+        """Plain Python values (lists of ints, strings, a float): what survives a store that keeps no classes
+        (verl 0.9.1's TransferQueue turns a dataclass into a dict of its fields)."""
+        return {
+            "prompt_ids": self.prompt_ids.tolist(),
+            "response_ids": [response.tolist() for response in self.response_ids],
+            "request_ids": list(self.request_ids),
+            "seconds": float(self.seconds),
+        }
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> SampledEval:
+        """The inverse of :meth:`to_record`."""
+        return cls(
+            np.asarray(record["prompt_ids"], dtype=np.int32),
+            [np.asarray(response, dtype=np.int32) for response in record["response_ids"]],
+            list(record["request_ids"]),
+            float(record["seconds"]),
+        )
+
+
+async def sample_eval(client: Any, prompt_ids: list[int], plan: EvalPlan) -> SampledEval:
+    """``plan.n`` responses to ``prompt_ids``, each from a request of its own (sticky key ``forecast-eval-...``) sent
+    through verl's server ``client`` (``generate(request_id, prompt_ids=..., sampling_params=...)``: verl 0.7.1's
+    ``AsyncLLMServerManager``, verl 0.9.1's ``LLMServerClient``)."""
+    start = time.perf_counter()
+    keys = [f"{REQUEST_PREFIX}{uuid4().hex}" for _ in range(plan.n)]
+    outputs = await asyncio.gather(
+        *[client.generate(key, prompt_ids=prompt_ids, sampling_params=plan.sampling_params()) for key in keys]
+    )
+    responses = [np.asarray(out.token_ids, dtype=np.int32) for out in outputs]
+    return SampledEval(np.asarray(prompt_ids, dtype=np.int32), responses, keys, time.perf_counter() - start)
+
+
+def start_sampling(
+    tasks: dict[str, asyncio.Task], uid: str, prompt_ids: list[int], plan: EvalPlan, client: Any
+) -> None:
+    """Start ``uid``'s E (:func:`sample_eval`) in ``tasks``, unless started already (once per uid) or the prompt is
+    empty. The task runs in a fresh ``contextvars.Context``: E's requests are not turns of the row's session (an
+    abort of that session, over-sampling's, does not reach them) and do not call the row's prompt hook."""
+    if uid in tasks or len(prompt_ids) == 0:
+        return
+    tasks[uid] = asyncio.get_running_loop().create_task(
+        sample_eval(client, list(prompt_ids), plan), context=contextvars.Context()
+    )
+
 
 @dataclass(frozen=True)
 class EvalResponses:
@@ -99,19 +153,35 @@ class RolloutEval:
             int(rollout_config.n), float(rollout_config.temperature), int(rollout_config.response_length)
         )
         self.calls = 0  # training calls seen (a resumed run counts from its first step again, as the actor did)
+        self.marked: list[str] = []  # E's uids of the latest call that got one, until its E is taken
 
     def due(self, prompts: DataProto) -> bool:
         """Whether this ``generate_sequences`` call gets an E: a training call (not validation, not REMAX's greedy
         baseline) whose number is 1, 1 + every, ..."""
         meta = prompts.meta_info
-        if meta.get("validate", False) or meta.get("do_sample", True) is False:
+        return self.training_call_due(not meta.get("validate", False) and meta.get("do_sample", True) is not False)
+
+    def training_call_due(self, training: bool) -> bool:
+        """Count a ``generate_sequences`` call (``training``: a training call) and say whether it gets an E: the
+        training calls numbered 1, 1 + every, ..."""
+        if not training:
             return False
         self.calls += 1
         return (self.calls - 1) % self.settings.every == 0
 
+    def plans(self, row_uids: list[str]) -> list[EvalPlan | None]:
+        """:attr:`plan` for the first row of each of E's uids among the rows' ``row_uids``
+        (``ForecastSettings.eval_uids``), None for every other row; E's uids kept in :attr:`marked`."""
+        self.marked = self.settings.eval_uids(row_uids)
+        unmarked = set(self.marked)
+        column: list[EvalPlan | None] = []
+        for uid in row_uids:
+            column.append(self.plan if uid in unmarked else None)
+            unmarked.discard(uid)
+        return column
+
     def mark(self, prompts: DataProto) -> None:
-        """Put :attr:`plan` on the first row of each of E's uids of ``prompts`` (``ForecastSettings.eval_uids``;
-        ``FORECAST_EVAL_PLAN_KEY``, None elsewhere).
+        """Put :meth:`plans` on ``prompts`` (``FORECAST_EVAL_PLAN_KEY``).
 
         Raises:
             ValueError: ``prompts`` has no ``uid``.
@@ -120,21 +190,13 @@ class RolloutEval:
             raise ValueError(
                 "entropy forecast: the rollout's prompts have no non_tensor_batch['uid'] (verl's group id)"
             )
-        row_uids = [str(uid) for uid in prompts.non_tensor_batch["uid"]]
-        unmarked = set(self.settings.eval_uids(row_uids))
         column = np.empty(len(prompts), dtype=object)
-        for i, uid in enumerate(row_uids):
-            column[i] = self.plan if uid in unmarked else None
-            unmarked.discard(uid)
+        column[:] = self.plans([str(uid) for uid in prompts.non_tensor_batch["uid"]])
         prompts.non_tensor_batch[FORECAST_EVAL_PLAN_KEY] = column
 
     def collect(self, prompts: DataProto, output: DataProto) -> tuple[EvalResponses | None, dict[str, float]]:
-        """E from the workers' column of ``output`` (both columns leave ``prompts`` and ``output``), and its metrics:
-        ``probe/eval_gen_s`` (the longest prompt's E, first request to last response: they overlap the batch's
-        rollout) and ``probe/eval_gen_token_share`` (E's tokens over E's and the batch's response tokens). A uid
-        whose E is missing (its first row failed before its prompt was known) or has an empty response is left out,
-        with a warning; ``None`` when none is left.
-        """
+        """E from the workers' column of ``output`` (both columns leave ``prompts`` and ``output``) and its metrics
+        (:meth:`responses`)."""
         prompts.non_tensor_batch.pop(FORECAST_EVAL_PLAN_KEY)
         # verl copies the prompts' columns into the output (without reward-loop workers, agent_loop.py:833)
         output.non_tensor_batch.pop(FORECAST_EVAL_PLAN_KEY, None)
@@ -143,15 +205,27 @@ class RolloutEval:
         for uid, item in zip(row_uids, output.non_tensor_batch.pop(FORECAST_EVAL_KEY), strict=True):
             if item is not None:
                 sampled.setdefault(uid, item)
-        all_uids = self.settings.eval_uids(row_uids)
-        uids = [u for u in all_uids if u in sampled and all(len(r) > 0 for r in sampled[u].response_ids)]
-        if len(uids) < len(all_uids):
-            left_out = sorted(set(all_uids) - set(uids))
+        batch_tokens = int(output.batch["attention_mask"][:, -output.batch["responses"].shape[1] :].sum())
+        return self.responses(sampled, batch_tokens)
+
+    def responses(
+        self, sampled: dict[str, SampledEval], batch_tokens: int
+    ) -> tuple[EvalResponses | None, dict[str, float]]:
+        """E of the uids :meth:`plans` marked, from the workers' ``sampled`` E by uid, and its metrics:
+        ``probe/eval_gen_s`` (the longest prompt's E, first request to last response: they overlap the batch's
+        rollout) and ``probe/eval_gen_token_share`` (E's tokens over E's and the batch's ``batch_tokens`` response
+        tokens). A uid whose E is missing (its first row failed before its prompt was known, or its group was not
+        settled when the step trained) or has an empty response is left out, with a warning; ``None`` when none is
+        left. :attr:`marked` is emptied.
+        """
+        marked, self.marked = self.marked, []
+        uids = [u for u in marked if u in sampled and all(len(r) > 0 for r in sampled[u].response_ids)]
+        if len(uids) < len(marked):
+            left_out = sorted(set(marked) - set(uids))
             logger.warning("entropy forecast: no usable E for uids %s; E has the other prompts", left_out)
         if not uids:
             return None, {}
         eval_tokens = sum(len(r) for u in uids for r in sampled[u].response_ids)
-        batch_tokens = int(output.batch["attention_mask"][:, -output.batch["responses"].shape[1] :].sum())
         metrics = {
             "probe/eval_gen_s": max(sampled[u].seconds for u in uids),
             "probe/eval_gen_token_share": eval_tokens / (eval_tokens + batch_tokens),

@@ -48,6 +48,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from treetune_tests.treetune_verl.forecast.given_eval import given_eval  # noqa: E402
 from treetune_tests.treetune_verl.sglang.bench_entropy_throughput import median_ci95  # noqa: E402
 from treetune_verl.batch_keys import FORECAST_EVAL_META_KEY  # noqa: E402
 from treetune_verl.forecast.live import ForecastRun, ForecastState  # noqa: E402
@@ -97,17 +98,11 @@ def _batch(vocab: int, prompts: int, n: int, prompt_len: int, response_len: int,
 def _rollout_eval(data, settings: ForecastSettings, vocab: int, n: int, response_len: int, seed: int) -> EvalResponses:
     """E as our manager hands it over: E's share of the batch's prompts, ``n`` fresh responses each of the whole
     budget."""
-    gen = torch.Generator().manual_seed(seed + 500_000)
     uids = settings.eval_uids(list(data.non_tensor_batch["uid"]))
     first = [list(data.non_tensor_batch["uid"]).index(uid) for uid in uids]
     prompt_len = data.batch["input_ids"].shape[1] - response_len
-    prompts = [data.batch["input_ids"][i, :prompt_len].numpy().astype(np.int32) for i in first]
-    responses = [
-        [torch.randint(3, vocab, (response_len,), generator=gen).numpy().astype(np.int32) for _ in range(n)]
-        for _ in uids
-    ]
-    request_ids = [[f"forecast-eval-{b}-{g}" for g in range(n)] for b in range(len(uids))]
-    return EvalResponses(uids, prompts, responses, response_len, request_ids)
+    prompts = [data.batch["input_ids"][i, :prompt_len] for i in first]
+    return given_eval(uids, prompts, n, vocab, response_len, seed + 500_000, full_budget=True, low=3)
 
 
 def _write(args: argparse.Namespace, rounds: list[dict[str, float]]) -> dict:

@@ -30,6 +30,7 @@ from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.config import FSDPActorConfig, FSDPEngineConfig
 
 from treetune_tests.tiny_model import tiny_causal_lm
+from treetune_tests.treetune_verl.forecast.given_eval import given_eval
 from treetune_tests.treetune_verl.forecast.reference import (
     directional_reference,
     full_parameters,
@@ -106,17 +107,10 @@ def _optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
 def _rollout_eval(data: DataProto) -> EvalResponses:
     """E as our manager hands it over: the batch's prompts (sorted by uid), N responses each (lengths 1 to RESPONSE,
     ids from a generator of their own: not the batch's responses), the same on every rank."""
-    gen = torch.Generator().manual_seed(7)
     uids = sorted(set(data.non_tensor_batch["uid"]))
     first = [list(data.non_tensor_batch["uid"]).index(uid) for uid in uids]
-    prompts = [data.batch["input_ids"][i, :PROMPT].numpy().astype(np.int32) for i in first]
-    lengths = torch.randint(1, RESPONSE + 1, (len(uids), N), generator=gen)
-    responses = [
-        [torch.randint(2, VOCAB, (int(length),), generator=gen).numpy().astype(np.int32) for length in row]
-        for row in lengths
-    ]
-    request_ids = [[f"forecast-eval-{b}-{g}" for g in range(N)] for b in range(len(uids))]
-    return EvalResponses(uids, prompts, responses, RESPONSE, request_ids)
+    prompts = [data.batch["input_ids"][i, :PROMPT] for i in first]
+    return given_eval(uids, prompts, N, VOCAB, RESPONSE, seed=7)
 
 
 def _rank_rows(data: DataProto, rank: int, world: int) -> DataProto:

@@ -27,8 +27,12 @@ the advantages are in TransferQueue after it)      (``ppo/entropy_advantage.py``
                                                    rows; verl's padding rows keep theirs)
 ``PPOTrainer._validate`` (``:1031``)            1. rollout entropy of every validation row it sampled:
                                                    ``val-aux/rollout_entropy/...``
-``PPOTrainer._update_actor`` (``:1827``)        1. forecast: its metrics (``probe/*``, ``timing_s/probe``) named
-                                                   back from ``actor/...`` (the actor seam's, ``actor_seams.py``)
+``PPOTrainer._update_actor`` (``:1827``)        1. forecast: *before* verl's, the rollout's E of the step from
+                                                   TransferQueue into ``extra_info[FORECAST_EVAL_META_KEY]`` (None:
+                                                   no forecast; ``forecast/rollout_eval_tq.py``) and
+                                                   ``probe/eval_gen_{s,token_share}``; after, its metrics
+                                                   (``probe/*``, ``timing_s/probe``) named back from ``actor/...``
+                                                   (the actor seam's, ``actor_seams.py``)
 ``PPOTrainer._compute_metrics`` (``:1868``)     1. every feature's seconds in our code this step
                                                    (``timing_s/treetune/*``, ``treetune/share_of_step``)
 ``PPOTrainerSync.on_init_end`` (``trainer_sync  1. carry-over: the servers' weight version (``set_global_steps``)
@@ -58,6 +62,7 @@ from typing import Any
 import torch
 
 from treetune_verl.batch_keys import (
+    FORECAST_EVAL_META_KEY,
     HAS_ROLLOUT_ENTROPY_KEY,
     MANAGED_ROW_KEY,
     ROLLOUT_ENTROPY_KEY,
@@ -65,6 +70,7 @@ from treetune_verl.batch_keys import (
 )
 from treetune_verl.forecast.live import PREFIX as FORECAST_PREFIX
 from treetune_verl.forecast.live import PROBE_TIMING
+from treetune_verl.forecast.rollout_eval_tq import take_rollout_eval
 from treetune_verl.patching import Wrap, swapped
 from treetune_verl.ppo.entropy_advantage import steer_advantages
 from treetune_verl.timing import OVER_SAMPLING, ROLLOUT_ENTROPY, SECONDS, STEERING, TRAINER_HOOKS, step_metrics
@@ -78,6 +84,7 @@ __all__ = ["install"]
 
 ACTOR_ENTROPY_KEY = "entropy"  # the V1 trainer's name for the actor's per-token entropy (trainer_base.py:1669)
 PADDING_TAG = "is_padding"  # rows verl adds to fill the batch (verl/trainer/ppo/padding_utils.py)
+RESPONSE_LEN_TAG = "response_len"  # a row's response tokens, tagged by verl's worker (agent_loop_tq.py)
 TRAINING_PREFIX = "timing_s/"  # the pinned stack's names (module docstring)
 VALIDATION_PREFIX = "val-aux/"
 ACTOR_PREFIX = "actor/"  # what verl's _update_actor puts before every actor metric (trainer_base.py rename_dict)
@@ -289,10 +296,23 @@ def forecast_metrics_named_back(metrics: dict[str, Any]) -> None:
         metrics[key.removeprefix(ACTOR_PREFIX)] = metrics.pop(key)
 
 
+def response_tokens(batch: Any) -> int:
+    """The response tokens of the step's rows (``KVBatchMeta``: the tags verl's worker put, its padding rows left
+    out)."""
+    return sum(int(tag[RESPONSE_LEN_TAG]) for tag in batch.tags if not tag.get(PADDING_TAG, False))
+
+
 def _wrap_update_actor(original):
     def _update_actor(self, batch, metrics):
+        # 1. forecast, before: the rollout's E of this step (None: no forecast) where the actor seam reads it
+        rollout_eval = getattr(self.agent_loop_manager, "rollout_eval", None)
+        if rollout_eval is not None:
+            with SECONDS.timed(TRAINER_HOOKS):
+                E, eval_metrics = take_rollout_eval(rollout_eval, response_tokens(batch))
+                batch.extra_info[FORECAST_EVAL_META_KEY] = E
+                metrics.update(eval_metrics)
         result = original(self, batch, metrics)
-        # 1. forecast: its metrics named back (the engine worker's actor seam, actor_seams.py, added them)
+        # 1. forecast, after: its metrics named back (the engine worker's actor seam, actor_seams.py, added them)
         forecast_metrics_named_back(metrics)
         return result
 

@@ -7,7 +7,10 @@ Real: verl 0.9.1's ``ActorRolloutRefWorker`` (role ``actor``) built by its own `
 with our actor seam (``trainer/v0_9_1/actor_seams.py``) on a ``TensorDict`` laid out as the V1 trainer hands it over
 (unpadded nested rows, the ``extra_info`` fields; read from a real GRPO run's batch). Each rank runs in a process of
 its own with the CPU runtime patches (``tools/cpu_shims/verl_cpu``, as the e2e runs): a plain update first (AdamW
-state), then the forecast update, whose E the forecast samples from the batch's prompts.
+state), then the forecast update. At 1 rank the forecast samples E from the batch's prompts (no E in the batch: the
+worker driven without our V1 trainer); at 2 ranks E is the rollout's, in the batch's ``FORECAST_EVAL_META_KEY`` field
+as our ``_update_actor`` seam puts it into ``extra_info`` (responses from a generator of their own, not U's), and each
+rank forecasts with its share (uids ``rank, rank + W, ...``).
 
 The reference is computed here on a plain HF copy of the model with the real step Δθ = θ′ − θ read from the worker's
 weights: X per prompt of the E the forecast used from the probe's backward passes (exact, where the forecast takes
@@ -19,14 +22,13 @@ from __future__ import annotations
 
 import importlib.metadata
 import math
-import os
 import socket
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
+from treetune_tests.treetune_verl.forecast.given_eval import given_eval
 from treetune_tests.treetune_verl.forecast.reference import (
     directional_reference,
     full_parameters,
@@ -34,6 +36,13 @@ from treetune_tests.treetune_verl.forecast.reference import (
     realised_change,
     token_lists,
 )
+from treetune_tests.treetune_verl.trainer.v0_9_1.engine_actor import (
+    CPU_RUNTIME,
+    actor_config,
+    join_process_group,
+    update_batch,
+)
+from treetune_verl.batch_keys import FORECAST_EVAL_META_KEY
 
 pytestmark = pytest.mark.skipif(importlib.metadata.version("verl") != "0.9.1", reason="verl 0.9.1 (the current stack)")
 
@@ -41,41 +50,12 @@ PROMPT, RESPONSE, GROUPS, N = 3, 4, 4, 2
 LENGTHS = [4, 2, 3, 4, 1, 4, 2, 3]  # row k belongs to group k // N
 LR, CLIP_GRAD = 3e-5, 0.05  # lr 3e-5: a step where the central difference is within 1e-3 of the exact value here
 FORECAST = {"every": 1, "eval_share": 1.0, "probe": {"estimator": {"baseline": {"mode": "none"}}}}
-CPU_RUNTIME = {  # what the e2e script sets for verl 0.9.1 on CPU (test_entropy_e2e.sh)
-    "TREETUNE_VERL_CPU_PATCHES": "1",
-    "VERL_PLATFORM": "cpu",
-    "VERL_ENGINE_DEVICE": "cuda",
-    "CUDA_VISIBLE_DEVICES": "0",
-}
 
 
 def _config(model_path: str, method: str):
     from omegaconf import open_dict
 
-    from treetune_tests.treetune_verl.verl_config import compose_ppo_trainer
-
-    config = compose_ppo_trainer(
-        model_path,
-        PROMPT,
-        RESPONSE,
-        [
-            "trainer.device=cpu",
-            "actor_rollout_ref.actor.strategy=fsdp2",
-            "actor_rollout_ref.actor.fsdp_config.dtype=float32",
-            "++actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
-            "actor_rollout_ref.actor.use_torch_compile=False",
-            "actor_rollout_ref.model.use_remove_padding=False",
-            "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
-            f"actor_rollout_ref.actor.ppo_mini_batch_size={GROUPS}",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
-            "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",  # rank means of equal rows: the global mean
-            f"actor_rollout_ref.rollout.n={N}",
-            f"actor_rollout_ref.actor.optim.lr={LR}",
-            "actor_rollout_ref.actor.optim.weight_decay=0.01",
-            f"actor_rollout_ref.actor.optim.clip_grad={CLIP_GRAD}",
-        ],
-    )
+    config = actor_config(model_path, PROMPT, RESPONSE, GROUPS * N, N, micro_rows=2, lr=LR, clip_grad=CLIP_GRAD)
     with open_dict(config):
         config.actor_rollout_ref.rollout.custom = {"entropy_forecast": {**FORECAST, "method": method}}
     return config
@@ -93,55 +73,38 @@ def _rows(seed: int, vocab: int):
     return prompts, responses, advantages, [f"g{k // N}-{seed}" for k in range(GROUPS * N)]
 
 
-def _batch(worker, seed: int, vocab: int, rank: int, world: int):
+def _rollout_eval(vocab: int):
+    """E as the V1 trainer seam hands it to the actor: the update batch's prompts (sorted by uid), N responses each
+    (lengths 1 to RESPONSE, from a generator of their own: not the batch's responses), the same on every rank."""
+    prompts, _, _, row_uids = _rows(2, vocab)
+    uids = sorted(set(row_uids))
+    return given_eval(uids, [prompts[row_uids.index(uid)] for uid in uids], N, vocab, RESPONSE, seed=7)
+
+
+def _batch(worker, seed: int, vocab: int, rank: int, world: int, rollout_eval=None):
     """This rank's rows (``rank, rank + W, ...``: every group split over two ranks) as verl 0.9.1's ``update_actor``
-    receives them: nested ``[rows, (len)]`` tensors, the trainer's ``extra_info`` as non-tensor fields, and
-    ``old_log_probs`` from the worker's ``compute_log_prob`` as the V1 trainer computes them (a forward without
-    backward, which leaves FSDP2's root gathered: the forecast must reshard)."""
+    receives them (``engine_actor.update_batch``; its ``compute_log_prob``, a forward without backward, leaves FSDP2's
+    root gathered: the forecast must reshard); with ``rollout_eval``, the rollout's E in its field."""
     from verl.utils import tensordict_utils as tu
-    from verl.workers.utils.padding import response_from_nested
 
     prompts, responses, advantages, uids = _rows(seed, vocab)
     mine = list(range(rank, GROUPS * N, world))
-
-    def nested(tensors):
-        return torch.nested.as_nested_tensor([tensors[i] for i in mine], layout=torch.jagged)
-
-    input_ids = [torch.cat([prompts[i], responses[i]]) for i in range(len(uids))]
-    ones = [torch.ones(len(r), dtype=torch.int64) for r in responses]
-    batch = tu.get_tensordict(
-        {
-            "input_ids": nested(input_ids),
-            "position_ids": nested([torch.arange(len(ids)) for ids in input_ids]),
-            "prompts": nested(list(prompts)),
-            "responses": nested(responses),
-            "response_mask": nested(ones),
-            "loss_mask": nested(ones),
-            "old_log_probs": nested([torch.zeros(len(r)) for r in responses]),
-            "advantages": nested(advantages),
-            "uid": np.array([uids[i] for i in mine], dtype=object),
-        },
-        non_tensor_dict={
-            "calculate_entropy": False,
-            "distillation_use_topk": False,
-            "distillation_only": False,
-            "global_batch_size": GROUPS * N,
-            "mini_batch_size": GROUPS * N,
-            "epochs": 1,
-            "seed": 42,
-            "dataloader_kwargs": {"shuffle": False},
-            "temperature": 1.0,
-        },
+    batch = update_batch(
+        worker,
+        [prompts[i] for i in mine],
+        [responses[i] for i in mine],
+        [advantages[i] for i in mine],
+        [uids[i] for i in mine],
+        rows_per_mini_batch=GROUPS * N,
     )
-    log_probs = worker.compute_log_prob(batch.copy())["log_probs"]  # every position of each row
-    batch["old_log_probs"] = response_from_nested(log_probs, batch["response_mask"])  # as _compute_old_log_prob
+    if rollout_eval is not None:  # as verl's transferqueue_utils turns the trainer's extra_info into fields
+        tu.assign_non_tensor_data(batch, FORECAST_EVAL_META_KEY, rollout_eval)
     return batch
 
 
 def _rank(rank: int, world: int, port: int, model_path: str, out_dir: str, method: str) -> None:
     """One rank: verl's actor worker; a plain update, then the forecast update through the seam; what it saw saved."""
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1")
-    os.environ["MASTER_PORT"] = str(port)
+    join_process_group(rank, world, port)
     from verl.workers.engine_workers import ActorRolloutRefWorker
 
     import treetune_verl.trainer.actor_setup  # noqa: F401  (external_lib: installs the actor seam)
@@ -154,7 +117,8 @@ def _rank(rank: int, world: int, port: int, model_path: str, out_dir: str, metho
     original_of(ActorRolloutRefWorker.update_actor)(worker, _batch(worker, 1, vocab, rank, world))  # AdamW state
     module = worker.actor.engine.module
     before = full_parameters(module)
-    output = worker.update_actor(_batch(worker, 2, vocab, rank, world))
+    rollout_eval = _rollout_eval(vocab) if world > 1 else None
+    output = worker.update_actor(_batch(worker, 2, vocab, rank, world, rollout_eval))
     after = full_parameters(module)
     from verl.utils import tensordict_utils as tu
 
@@ -198,7 +162,7 @@ def _reference(model_path: str, before: dict, after: dict, E: dict[str, torch.Te
 
 @pytest.mark.parametrize(("world", "method"), [(1, "central_difference"), (2, "backward")])
 def test_engine_worker_forecast_matches_the_plain_reference(tiny_model_dir, tmp_path, monkeypatch, world, method):
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     for key, value in CPU_RUNTIME.items():
         monkeypatch.setenv(key, value)
@@ -206,8 +170,16 @@ def test_engine_worker_forecast_matches_the_plain_reference(tiny_model_dir, tmp_
     torch.multiprocessing.spawn(_rank, args=args, nprocs=world)  # fresh interpreters: the CPU patches at start-up
     results = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=False) for rank in range(world)]
     pad_token_id = AutoTokenizer.from_pretrained(tiny_model_dir).pad_token_id
-    E = joined([result["E"] for result in results], N, RESPONSE, pad_token_id)
+    E_batches = [result["E"] for result in results]
+    E = joined(E_batches, N, RESPONSE, pad_token_id)
     assert E["sequences"].shape[:2] == (GROUPS, N)  # every prompt of the batch once, G = rollout.n fresh responses
+    if world > 1:  # exactly the rollout's E, prompt for prompt (ranks take uids rank, rank + W, ...)
+        rollout = _rollout_eval(AutoConfig.from_pretrained(tiny_model_dir).vocab_size)
+        order = [b for rank in range(world) for b in range(rank, GROUPS, world)]
+        assert token_lists(E_batches) == (
+            [rollout.prompt_ids[b].tolist() for b in order],
+            [[r.tolist() for r in rollout.response_ids[b]] for b in order],
+        )
     reference = _reference(str(tiny_model_dir), results[0]["before"], results[0]["after"], E)
     reported = [result["metrics"] for result in results if result["metrics"] is not None]
     assert reported, "no rank returned verl's metrics"
@@ -223,4 +195,5 @@ def test_engine_worker_forecast_matches_the_plain_reference(tiny_model_dir, tmp_
         assert metrics["probe/deltaH_realised"] == pytest.approx(reference["deltaH_realised"], rel=1e-3, abs=1e-7)
         assert metrics["probe/deltaH_realised_se"] == pytest.approx(reference["deltaH_realised_se"], rel=1e-3)
         assert metrics["timing_s/probe"] > 0 and "actor/pg_loss" in metrics  # verl's own metrics pass through
+        assert (metrics["probe/sample_s"] == 0) == (world > 1)  # the rollout's E: nothing sampled in the actor
     print({key: value for key, value in reported[0].items() if "deltaH" in key})

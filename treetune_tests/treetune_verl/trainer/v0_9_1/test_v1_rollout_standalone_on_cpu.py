@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -55,7 +56,7 @@ from treetune_tests.treetune_verl.agent_loop.standalone import (
     teacher_forced,
 )
 from treetune_tests.treetune_verl.verl_config import compose_ppo_trainer
-from treetune_verl.batch_keys import HAS_ROLLOUT_ENTROPY_KEY, ROLLOUT_ENTROPY_KEY
+from treetune_verl.batch_keys import FORECAST_EVAL_PLAN_KEY, HAS_ROLLOUT_ENTROPY_KEY, ROLLOUT_ENTROPY_KEY
 from treetune_verl.sglang.engine import CPU_ENGINE_KWARGS
 from treetune_verl.trainer.features import SAMPLER_KEY, SAMPLER_NAME, SAMPLER_PATH
 
@@ -196,10 +197,13 @@ def test_v1_rollout_real_engine_matches_hf(tiny_model_dir, tmp_path, monkeypatch
     from transfer_queue import KVBatchMeta
     from transformers import AutoModelForCausalLM
 
-    from treetune_verl.trainer.v0_9_1.trainer_seams import read_rollout_entropy
+    from treetune_verl.forecast.rollout_eval_tq import EVAL_PARTITION, take_rollout_eval
+    from treetune_verl.trainer.v0_9_1.trainer_seams import read_rollout_entropy, response_tokens
 
     model_path = model_with_short_turns(tiny_model_dir, tmp_path / "tiny-short-turns")
     config = _config(model_path, tmp_path / "cfg", overrides=["actor_rollout_ref.rollout.n=1"])
+    with open_dict(config):  # the live forecast: E of half the prompts (rb_residual: rollout.n = 1)
+        config.actor_rollout_ref.rollout.custom = {"entropy_forecast": {"every": 1, "estimators": ["rb_residual"]}}
     with _v1_rollout(config, monkeypatch) as (session, servers, replica, manager):
         assert type(replica).__name__ == "EntropySGLangReplica" and replica.rollout_mode.value == "standalone"
         uids = _dispatch(manager, NAMES)
@@ -208,13 +212,32 @@ def test_v1_rollout_real_engine_matches_hf(tiny_model_dir, tmp_path, monkeypatch
         assert sorted(rows) == sorted(keys), sorted(rows)
         batch = KVBatchMeta(keys=keys, tags=[rows[key] for key in keys], partition_id="train")
         built, masks = read_rollout_entropy(batch)
-        data = tq.kv_batch_get(
-            keys=keys, partition_id="train", select_fields=["prompts", "responses", "rollout_log_probs"]
-        )
+        data = tq.kv_batch_get(keys=keys, partition_id="train")
+        assert FORECAST_EVAL_PLAN_KEY not in data, "E's plan became a field of the rows"
         prompts_ids = [p.tolist() for p in data["prompts"].unbind(0)]
         responses = [r.tolist() for r in data["responses"].unbind(0)]
         log_probs = list(data["rollout_log_probs"].unbind(0))
+        E, eval_metrics = take_rollout_eval(manager.rollout_eval, response_tokens(batch))
+        assert tq.kv_list(partition_id=EVAL_PARTITION).get(EVAL_PARTITION, {}) == {}, "E left in TransferQueue"
     assert not session.left, f"processes of the run left after ray.shutdown(): {session.left}"
+
+    # E: the first half of the sorted uids (eval_share 0.5), each prompt as its row's loop rendered it (the tool
+    # loop's with the tool schemas), rollout.n responses from requests of their own, up to the budget
+    assert E is not None and E.uids == sorted(uids)[:2], (E and E.uids, sorted(uids))
+    stop_ids = set(json.loads((model_path / "config.json").read_text())["eos_token_id"])  # model_with_short_turns
+    for uid, prompt, E_responses, request_ids in zip(E.uids, E.prompt_ids, E.response_ids, E.request_ids, strict=True):
+        assert prompt.tolist() == prompts_ids[uids.index(uid)], f"uid {uid}: E's prompt is not its row's"
+        assert len(E_responses) == len(request_ids) == 1
+        for response in E_responses:
+            # it ends at its first end id, or at the budget
+            assert 0 < len(response) <= RESPONSE_LENGTH and not stop_ids & set(response[:-1].tolist())
+            assert response[-1] in stop_ids or len(response) == RESPONSE_LENGTH
+        assert all(key.startswith("forecast-eval-") for key in request_ids)
+    assert len({key for keys_ in E.request_ids for key in keys_}) == len(E.uids)
+    assert E.budget == RESPONSE_LENGTH
+    eval_tokens = sum(len(r) for responses_ in E.response_ids for r in responses_)
+    share = eval_tokens / (eval_tokens + sum(len(r) for r in responses))  # over every response token (as 0.7.1)
+    assert eval_metrics["probe/eval_gen_s"] > 0 and eval_metrics["probe/eval_gen_token_share"] == share
 
     assert [bool(row[HAS_ROLLOUT_ENTROPY_KEY]) for row in built] == [name.startswith("entropy_") for name in NAMES]
     hf = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32).eval()
@@ -431,7 +454,7 @@ def test_v1_over_sampling_trains_the_first_whole_groups_and_aborts_the_rest(tiny
     names, contents = zip(*GROUPS.values(), strict=True)
     kept_rows = []
     with _v1_rollout(config, monkeypatch) as (session, servers, replica, manager):
-        assert all("OverSamplingAgentLoopWorkerTQ" in repr(w) for w in manager.agent_loop_workers)
+        assert all("EntropyAgentLoopWorkerTQ" in repr(w) for w in manager.agent_loop_workers)
         buffer = _sync_buffer(_buffer_class())
         for step in (1, 2):
             uids = dict(zip(GROUPS, _dispatch(manager, list(names), list(contents), step), strict=True))
