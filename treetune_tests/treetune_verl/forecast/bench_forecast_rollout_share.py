@@ -14,11 +14,18 @@ up to ``--max-running-requests`` requests at once (16: the batch's rows and E's 
 E wait for the rows).
 
     python treetune_tests/treetune_verl/forecast/bench_forecast_rollout_share.py --model smollm2 --rounds 6
+
+On verl 0.9.1 (the installed verl decides) the same comparison runs on the V1 path (the setup of
+``trainer/v0_9_1/test_v1_rollout_standalone_on_cpu.py``: verl's standalone servers with our replica, our
+``AgentLoopManagerTQ`` and V1 workers, TransferQueue): a call is the trainer's dispatch (prompts registered
+``pending``, ``generate_sequences``) until every prompt is ``finished`` in TransferQueue (polled every 50 ms), and the
+E metrics come from the trainer seam's ``take_rollout_eval``; ``entropy_single_turn_agent`` rows.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import platform
 import statistics
@@ -26,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO_ROOT))
@@ -34,7 +42,6 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from omegaconf import open_dict  # noqa: E402
 
-from treetune_tests.treetune_verl.agent_loop.fakes import make_batch  # noqa: E402
 from treetune_tests.treetune_verl.agent_loop.standalone import ray_session, standalone_config  # noqa: E402
 from treetune_tests.treetune_verl.sglang.bench_entropy_throughput import median_ci95  # noqa: E402
 from treetune_verl.batch_keys import PENDING_METRICS_KEY  # noqa: E402
@@ -52,6 +59,8 @@ def _model_path(name: str) -> Path:
 
 
 def _batch(prompts: int, n: int, round_: int):
+    from treetune_tests.treetune_verl.agent_loop.fakes import make_batch  # verl 0.7.1 (its interactions)
+
     plans = [f"write a short poem about the number {round_ * prompts + b}" for b in range(prompts) for _ in range(n)]
     batch = make_batch(plans, None)
     batch.non_tensor_batch["uid"] = np.array([f"r{round_}-p{k // n}" for k in range(len(plans))], dtype=object)
@@ -82,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "outputs" / "bench" / "forecast_rollout_share.json")
     args = parser.parse_args(argv)
 
+    if importlib.metadata.version("verl") == "0.9.1":
+        return _main_v1(args)
     from treetune_verl.agent_loop import EntropyAgentLoopManager
 
     config = standalone_config(_model_path(args.model), Path(tempfile.mkdtemp()))
@@ -90,36 +101,100 @@ def main(argv: list[str] | None = None) -> int:
         config.actor_rollout_ref.rollout.engine_kwargs.sglang.max_running_requests = args.max_running_requests
         config.actor_rollout_ref.rollout.custom = {"entropy_forecast": {"every": 1}}
         config.actor_rollout_ref.model.external_lib = "treetune_verl.trainer.actor_setup"
-    rounds = []
     with pytest.MonkeyPatch.context() as monkeypatch, ray_session(monkeypatch):
         manager = EntropyAgentLoopManager.create(config)
         rollout_eval = manager.rollout_eval
         manager.generate_sequences(_batch(args.prompts, args.n, -1))  # warm-up (graphs, allocator, E's path)
-        for r in range(args.rounds):
-            order = ("without", "with") if r % 4 in (0, 3) else ("with", "without")
-            record: dict[str, float] = {}
-            for arm in order:
-                manager.rollout_eval = rollout_eval if arm == "with" else None
-                start = time.perf_counter()
-                out = manager.generate_sequences(_batch(args.prompts, args.n, r))
-                record[f"{arm}_s"] = time.perf_counter() - start
-                if arm == "with":
-                    pending = out.meta_info[PENDING_METRICS_KEY]
-                    record["probe/eval_gen_s"] = pending["probe/eval_gen_s"]
-                    record["probe/eval_gen_token_share"] = pending["probe/eval_gen_token_share"]
-            record["gen_ratio"] = record["with_s"] / record["without_s"]
-            record["extra_share"] = 1 - record["without_s"] / record["with_s"]
-            rounds.append(record)
-            print(json.dumps({"round": r, **{k: round(v, 4) for k, v in record.items()}}), flush=True)
-            result = {
-                "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-                "machine": platform.platform(),
-                "summary": _summary(rounds),
-                "rounds": rounds,
-            }
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(result, indent=1))  # after every round: an interrupted run keeps its rounds
+
+        def call(arm: str, round_: int) -> tuple[float, dict[str, float]]:
+            manager.rollout_eval = rollout_eval if arm == "with" else None
+            start = time.perf_counter()
+            out = manager.generate_sequences(_batch(args.prompts, args.n, round_))
+            seconds = time.perf_counter() - start
+            if arm == "without":
+                return seconds, {}
+            pending = out.meta_info[PENDING_METRICS_KEY]
+            return seconds, {key: pending[key] for key in ("probe/eval_gen_s", "probe/eval_gen_token_share")}
+
+        _rounds(args, call, "0.7.1")
+    return 0
+
+
+def _rounds(args: argparse.Namespace, call: Any, verl_version: str) -> None:
+    """ABBA rounds of ``call(arm, round) -> (seconds, E's metrics)`` for arms ``with`` / ``without`` E; the JSON
+    rewritten after every round (an interrupted run keeps its rounds), the summary printed."""
+    rounds = []
+    for r in range(args.rounds):
+        order = ("without", "with") if r % 4 in (0, 3) else ("with", "without")
+        record: dict[str, float] = {}
+        for arm in order:
+            record[f"{arm}_s"], metrics = call(arm, r)
+            record.update(metrics)
+        record["gen_ratio"] = record["with_s"] / record["without_s"]
+        record["extra_share"] = 1 - record["without_s"] / record["with_s"]
+        rounds.append(record)
+        print(json.dumps({"round": r, **{k: round(v, 4) for k, v in record.items()}}), flush=True)
+        result = {
+            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "machine": platform.platform(),
+            "verl": verl_version,
+            "summary": _summary(rounds),
+            "rounds": rounds,
+        }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1))
     print(json.dumps(result["summary"], indent=1))
+
+
+def _v1_call(manager, prompts: int, n: int, round_: int) -> tuple[float, dict[str, float]]:
+    """One V1 dispatch, timed until every prompt is finished; E's metrics when the manager marked E; the rows and
+    E taken out of TransferQueue after."""
+    import transfer_queue as tq
+
+    from treetune_tests.treetune_verl.trainer.v0_9_1.test_v1_rollout_standalone_on_cpu import _prompts
+    from treetune_verl.forecast.rollout_eval_tq import take_rollout_eval
+
+    contents = [f"write a short poem about the number {round_ * prompts + b}" for b in range(prompts)]
+    batch = _prompts(["entropy_single_turn_agent"] * prompts, contents, rollout_n=n)
+    uids = list(batch["uid"])
+    start = time.perf_counter()
+    tq.kv_batch_put(keys=uids, partition_id="train", tags=[{"is_prompt": True, "status": "pending"} for _ in uids])
+    manager.generate_sequences(batch)
+    while True:
+        listed = tq.kv_list(partition_id="train").get("train", {})
+        if all(listed.get(uid, {}).get("status") in ("finished", "failure") for uid in uids):
+            break
+        time.sleep(0.05)
+    seconds = time.perf_counter() - start
+    assert all(listed[uid]["status"] == "finished" for uid in uids), {uid: listed[uid] for uid in uids}
+    rows = [key for key in listed if key not in uids]
+    metrics = {}
+    if manager.rollout_eval is not None:
+        tokens = sum(int(listed[key]["response_len"]) for key in rows)
+        _, metrics = take_rollout_eval(manager.rollout_eval, tokens)
+    tq.kv_clear(keys=list(listed), partition_id="train")
+    return seconds, metrics
+
+
+def _main_v1(args: argparse.Namespace) -> int:
+    """The comparison on verl 0.9.1's V1 rollout path (module docstring)."""
+    from treetune_tests.treetune_verl.trainer.v0_9_1.test_v1_rollout_standalone_on_cpu import _config, _v1_rollout
+
+    config = _config(
+        _model_path(args.model), Path(tempfile.mkdtemp()), overrides=[f"actor_rollout_ref.rollout.n={args.n}"]
+    )
+    with open_dict(config):
+        config.actor_rollout_ref.rollout.engine_kwargs.sglang.max_running_requests = args.max_running_requests
+        config.actor_rollout_ref.rollout.custom = {"entropy_forecast": {"every": 1}}
+    with pytest.MonkeyPatch.context() as monkeypatch, _v1_rollout(config, monkeypatch) as (_, _, _, manager):
+        rollout_eval = manager.rollout_eval
+        _v1_call(manager, args.prompts, args.n, -1)  # warm-up (graphs, allocator, E's path)
+
+        def call(arm: str, round_: int) -> tuple[float, dict[str, float]]:
+            manager.rollout_eval = rollout_eval if arm == "with" else None
+            return _v1_call(manager, args.prompts, args.n, round_)
+
+        _rounds(args, call, "0.9.1")
     return 0
 
 
