@@ -36,7 +36,7 @@ def take_rollout_eval(rollout_eval: RolloutEval, batch_tokens: int) -> tuple[Eva
     import transfer_queue as tq
 
     present = list(tq.kv_list(partition_id=EVAL_PARTITION).get(EVAL_PARTITION, {}))
-    wanted = [uid for uid in rollout_eval.marked if uid in set(present)]
+    wanted = [uid for uid in rollout_eval.marked if uid in present]
     sampled: dict[str, SampledEval] = {}
     if wanted:
         data = tq.kv_batch_get(keys=wanted, partition_id=EVAL_PARTITION, select_fields=[FORECAST_EVAL_KEY])
