@@ -8,15 +8,17 @@ Groups of 2 rows (``rollout.n = 2``, their ``uid``), ``over_sample_rate = 0.5`` 
 = 1``, the model of the standalone tests (turns end after a few tokens) and ``fixed_length_agent`` rows that ignore
 end-of-sequence (only their sampling differs):
 
-1. step 1, weights W1: groups A, B fast, C (one long row, one of a single token: ``lengths=N/1``) and D (two long):
-   A, B kept, C and D aborted and carried: C's short row finished, the long rows cut with their partial tokens;
+1. step 1, weights W1: groups A, B (a quarter of the budget), C (one long row, one of a single token:
+   ``lengths=N/1``) and D (two long): A, B kept, C and D aborted and carried: C's short row finished, the long rows
+   cut with their partial tokens;
 2. the server loads other weights W2 (``/update_weights_from_disk``, as a weight sync would);
 3. step 2: C and D take the first two slots of the batch, two fresh groups E, F (long rows) the others, G and H wait
    in the backlog; the cut rows continue with their own request's sampling parameters (EOS ignored, to exactly
-   ``RESPONSE_LENGTH`` tokens in all), so they need fewer tokens than E's and F's rows and C, D are kept (the engine
-   decodes the running requests in lockstep): each row's tokens are its parts concatenated, each token's rollout log-prob and entropy equal an HF
-   recomputation under the weights that sampled it (W1 for the carried part, W2 for the rest: 1e-4), and not
-   under the other weights; ``rollout_resumed_tokens`` counts the carried part; E, F are carried;
+   ``RESPONSE_LENGTH`` tokens in all), so they need a quarter of the budget fewer tokens than E's and F's rows and
+   C, D are kept (the engine decodes the running requests in lockstep): each row's tokens are its parts
+   concatenated, each token's rollout log-prob and entropy equal an HF recomputation under the weights that sampled
+   it (W1 for the carried part, W2 for the rest: 1e-4), and not under the other weights; ``rollout_resumed_tokens``
+   counts the carried part; E, F are carried;
 4. step 4 (the policy moved twice since E, F were cut: staleness 2 > 1): E and F restart from scratch (their
    tokens discarded and counted), G, H come out of the backlog, the new prompts wait.
 """
@@ -53,9 +55,14 @@ pytestmark = pytest.mark.usefixtures("driver_state_restored")
 
 N = 2  # rows per group
 LONG = f"tokens={RESPONSE_LENGTH}"
+# A's and B's rows at step 1: the long rows have at least this many tokens when they are cut, so at step 2 the carried
+# rows need at least RESPONSE_LENGTH // 4 decode steps fewer than the fresh ones (a margin no scheduling delay of a
+# loaded CI machine has crossed; with short turns it was a few tokens, and E once finished before D), and still at
+# least 3/4 of the budget left before the cut (the abort comes long before they could finish)
+HEAD_START = f"tokens={RESPONSE_LENGTH // 4}"
 PROMPTS = {  # group -> (agent loop, plan) of its rows (the rows of a group share its prompt)
-    "A": ("entropy_single_turn_agent", "short a"),
-    "B": ("entropy_single_turn_agent", "short b"),
+    "A": ("fixed_length_agent", f"a {HEAD_START}"),
+    "B": ("fixed_length_agent", f"b {HEAD_START}"),
     "C": ("fixed_length_agent", f"c lengths={RESPONSE_LENGTH}/1"),  # one long row, one of a single token
     "D": ("fixed_length_agent", f"d {LONG}"),
     "E": ("fixed_length_agent", f"e {LONG}"),
