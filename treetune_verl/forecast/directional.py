@@ -48,8 +48,10 @@ from treetune_verl.probe.teacher_forcing import TeacherForced
 @torch.no_grad()
 def token_values(components: ProbeComponents, E: dict[str, torch.Tensor], mb_size_prompts: int) -> TeacherForced:
     """Per-token log-probabilities and entropies of E's responses at the current weights: ``[B, G, R]`` fp64 CPU
-    (nats, 0 at padding), in microbatches of ``mb_size_prompts`` prompts (one forward each, no graph)."""
-    return _joined([tf for _, tf in components.teacher_forced_microbatches(E, mb_size_prompts, True, "E_batch")])
+    (nats, 0 at padding), in microbatches of ``mb_size_prompts`` prompts, no graph; each prompt computed once for its
+    G responses (``teacher_force``'s ``share_prompt``)."""
+    microbatches = components.teacher_forced_microbatches(E, mb_size_prompts, True, "E_batch", share_prompt=True)
+    return _joined([tf for _, tf in microbatches])
 
 
 def _joined(parts: list[TeacherForced]) -> TeacherForced:

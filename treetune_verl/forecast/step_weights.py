@@ -8,7 +8,7 @@ write (``sharding.reshard``), so the next forward sees the new values. Sequence 
     weights = WeightsAroundStep(components)   # copy of θ
     verl's optimizer step                     # parameters: θ′
     weights.swap()                            # parameters: θ, the copy: θ′; returns ‖Δθ‖² of this rank's shards
-    weights.minus_step()                      # parameters: 2θ − θ′ = θ − Δθ (one rounding)
+    weights.minus_step()                      # parameters: θ − Δθ = 2θ − θ′ (one rounding)
     weights.restore()                         # parameters: θ′, bit for bit as the step left them
 
 One copy of the shards (float32 for a float32 model) is held from construction to ``restore``; ``swap`` needs one
@@ -42,13 +42,23 @@ class WeightsAroundStep:
     def swap(self) -> float:
         """Parameters θ′ -> θ, the copy θ -> θ′; returns Σ ‖θ′ − θ‖² over this rank's shards (fp64 sum)."""
         reshard(self.model)
+        shards = self._shards()
+        # one scratch buffer per dtype and device for all parameters: a fresh tensor per parameter costs more than
+        # its copy (measured 0.22 s against 0.13 s for SmolLM2 on CPU: page faults)
+        sizes: dict[tuple[torch.dtype, torch.device], int] = {}
+        for _, shard in shards:
+            key = (shard.dtype, shard.device)
+            sizes[key] = max(sizes.get(key, 0), shard.numel())
+        scratch = {key: torch.empty(size, dtype=key[0], device=key[1]) for key, size in sizes.items()}
         squared = 0.0
-        for name, shard in self._shards():
-            stepped = shard.clone()  # θ′
-            shard.copy_(self.saved[name])
-            self.saved[name].copy_(stepped)
+        for name, shard in shards:
+            stepped = scratch[shard.dtype, shard.device][: shard.numel()].view_as(shard)
+            saved = self.saved[name]
+            stepped.copy_(shard)  # θ′
+            shard.copy_(saved)
+            saved.copy_(stepped)
             self.swapped.add(name)
-            squared += float(torch.linalg.vector_norm(stepped.sub_(shard)).double() ** 2)  # θ′ − θ: exact in fp32
+            squared += float(torch.linalg.vector_norm(torch.sub(saved, shard, out=stepped)).double() ** 2)  # exact
         return squared
 
     def step(self, name: str, shard: torch.Tensor) -> torch.Tensor:
@@ -62,7 +72,7 @@ class WeightsAroundStep:
             raise RuntimeError("WeightsAroundStep.minus_step before swap()")
         reshard(self.model)
         for name, shard in self._shards():
-            shard.mul_(2).sub_(self.saved[name])
+            shard.lerp_(self.saved[name], -1.0)  # θ + (−1)(θ′ − θ), in one pass
 
     @torch.no_grad()
     def restore(self) -> None:

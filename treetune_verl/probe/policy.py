@@ -66,7 +66,7 @@ def policy_log_probs(
         ``(log_probs, keep)``: ``log_probs`` is ``[..., V]`` fp32, ``-inf`` outside the nucleus and renormalised inside;
         ``keep`` is the ``[..., V]`` bool nucleus mask, or ``None`` when ``top_p == 1``.
     """
-    scaled = logits.float() / temperature
+    scaled = logits.float() if temperature == 1.0 else logits.float() / temperature  # a [..., V] pass saved at τ = 1
     if top_p >= 1.0:
         return torch.log_softmax(scaled, dim=-1), None
     keep = nucleus_mask(torch.log_softmax(scaled.detach(), dim=-1), top_p)
@@ -80,4 +80,4 @@ def entropy_from_log_probs(log_probs: torch.Tensor, keep: torch.Tensor | None) -
     ``0 * -inf`` would make both the value and its gradient NaN.
     """
     finite_log_probs = log_probs if keep is None else log_probs.masked_fill(~keep, 0.0)
-    return -(log_probs.exp() * finite_log_probs).sum(dim=-1)
+    return -torch.linalg.vecdot(log_probs.exp(), finite_log_probs)  # Σ_v p·log p without a [..., V] product

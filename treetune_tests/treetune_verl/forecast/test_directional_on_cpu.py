@@ -6,6 +6,9 @@
   log-softmax and entropy written here), ``x_directional_derivatives`` equals ⟨Σ X, Δθ⟩ from the probe's backward
   passes (``ProbeComponents.accumulate_sum_X``) for every estimator and baseline, per prompt where the baseline is
   stateless and summed over prompts with ``residual_mu``.
+- Token values: against the same forward (every row whole, log-softmax written here), with each prompt computed once
+  for its G responses and the columns of padding in every row skipped, or whole rows where a group's prompts differ
+  or sharing would save fewer prompt tokens than ``MIN_SHARED_PROMPT_TOKENS``.
 - Central difference: ``token_values`` at θ ± Δθ against the same forward-mode derivatives, on a tiny Qwen2 (eager
   attention: torch's SDPA kernels have no forward-mode derivative, which is why the forecast differences forwards).
   The error is O(‖Δθ‖³): halving the step divides it by about 8 in absolute terms, 4 relative to the derivative.
@@ -81,10 +84,62 @@ def _components(model, overrides) -> ProbeComponents:
     return ProbeComponents(model, {**POLICY, **overrides})
 
 
-def test_token_values_are_the_policys_log_probabilities_and_entropies(model, E):
+@pytest.fixture
+def share_any_prompt(monkeypatch):
+    """Prompts shared however few tokens that saves (the tiny E saves a dozen, below the default threshold)."""
+    from treetune_verl.probe import teacher_forcing
+
+    monkeypatch.setattr(teacher_forcing, "MIN_SHARED_PROMPT_TOKENS", 1)
+
+
+def _token_values_and_inputs(model, E, mb_size_prompts) -> tuple[TeacherForced, list[tuple[int, int]]]:
+    """``token_values`` and the ``input_ids`` shape of each forward it ran."""
+    shapes = []
+    hook = model.register_forward_pre_hook(
+        lambda module, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
+    try:
+        return token_values(_components(model, ESTIMATORS["rb_none"]), E, mb_size_prompts), shapes
+    finally:
+        hook.remove()
+
+
+def test_token_values_are_the_policys_log_probabilities_and_entropies(model, E, share_any_prompt):
     lp, H, _, _ = _exact_tangents(model, E, _direction(model, 1e-3))
-    values = token_values(_components(model, ESTIMATORS["rb_none"]), E, mb_size_prompts=2)
+    values, inputs = _token_values_and_inputs(model, E, mb_size_prompts=2)
     assert values.token_logprobs.dtype == torch.float64 and values.token_logprobs.shape == (3, 3, R)
+    torch.testing.assert_close(values.token_logprobs, lp, atol=2e-6, rtol=0)
+    torch.testing.assert_close(values.entropies, H, atol=2e-6, rtol=0)
+    # each prompt once (its cache repeated for its G responses), then the responses less their last column; columns
+    # of padding in every row skipped: prompts 0, 1 start at column 1 of P = 4 (lengths 3, 2), prompt 2 fills it
+    assert inputs == [(2, 3), (6, R - 1), (1, 4), (3, R - 1)]
+
+
+def test_token_values_skip_padding_columns_and_share_only_a_common_prompt(model, E, monkeypatch):
+    from treetune_verl.probe import teacher_forcing
+
+    lp, H, _, _ = _exact_tangents(model, E, _direction(model, 1e-3))
+    wide = make_probe_batch(PROMPTS, RESPONSES, torch.zeros(len(PROMPTS), 3), PAD, [R + 3] * len(PROMPTS))
+    values, inputs = _token_values_and_inputs(model, wide, mb_size_prompts=3)
+    assert inputs == [(9, 4 + R)], "3 x 2 x 4 = 24 prompt tokens saved (< 64): whole rows, the padding columns skipped"
+    torch.testing.assert_close(values.token_logprobs[..., :R], lp, atol=2e-6, rtol=0)
+    torch.testing.assert_close(values.entropies[..., :R], H, atol=2e-6, rtol=0)
+    assert not values.token_logprobs[..., R:].any() and not values.entropies[..., R:].any()
+
+    monkeypatch.setattr(teacher_forcing, "MIN_SHARED_PROMPT_TOKENS", 24)
+    values, inputs = _token_values_and_inputs(model, wide, mb_size_prompts=3)
+    assert inputs == [(3, 4), (9, R - 1)], "the 3 response columns of padding in every row were computed"
+    torch.testing.assert_close(values.token_logprobs[..., :R], lp, atol=2e-6, rtol=0)
+    torch.testing.assert_close(values.entropies[..., :R], H, atol=2e-6, rtol=0)
+    assert not values.token_logprobs[..., R:].any() and not values.entropies[..., R:].any()
+
+    mixed = {key: value.clone() for key, value in E.items()}
+    monkeypatch.setattr(teacher_forcing, "MIN_SHARED_PROMPT_TOKENS", 1)
+    mixed["sequences"][1, 2, -R - 1] = 13  # prompt 1's last token, in its third row only
+    lp, H, _, _ = _exact_tangents(model, mixed, _direction(model, 1e-3))
+    values, inputs = _token_values_and_inputs(model, mixed, mb_size_prompts=1)
+    # prompt 1's rows differ: whole rows, its 2 prompt columns and its longest response (4 tokens)
+    assert inputs == [(1, 3), (3, R - 1), (3, 2 + 4), (1, 4), (3, R - 1)]
     torch.testing.assert_close(values.token_logprobs, lp, atol=2e-6, rtol=0)
     torch.testing.assert_close(values.entropies, H, atol=2e-6, rtol=0)
 

@@ -43,6 +43,7 @@ from treetune_verl.forecast.live import ForecastRun, ForecastState
 from treetune_verl.forecast.rollout_eval import EvalResponses
 from treetune_verl.forecast.settings import ForecastSettings
 from treetune_verl.patching import original_of
+from treetune_verl.probe import teacher_forcing
 
 PROMPT, RESPONSE, VOCAB, GROUPS, N = 3, 4, 32, 4, 2
 LENGTHS = [4, 2, 3, 4, 1, 4, 2, 3]  # row k belongs to group k // N
@@ -153,12 +154,25 @@ def _run(
         update = original_of(DataParallelPPOActor.update_policy)
         state = ForecastState()
         settings = dataclasses.replace(SETTINGS, method=method)
-        verl_metrics, metrics = ForecastRun.from_dp_actor(actor, data, settings, state, N, [1]).around(
-            lambda: update(actor, data)
-        )
+        with pytest.MonkeyPatch.context() as patch:
+            # each prompt of E computed once for its responses, though that saves 3 tokens here (the path of real
+            # shapes, from 64 tokens saved): the forwards over E under FSDP2 with HF's KV cache
+            patch.setattr(teacher_forcing, "MIN_SHARED_PROMPT_TOKENS", 1)
+            cached = []  # forwards over several response tokens given their prompt's KV cache (not decode steps)
+            hook = model.register_forward_pre_hook(
+                lambda module, args, kwargs: cached.append(
+                    kwargs.get("past_key_values") is not None and kwargs["input_ids"].shape[1] > 1
+                ),
+                with_kwargs=True,
+            )
+            verl_metrics, metrics = ForecastRun.from_dp_actor(actor, data, settings, state, N, [1]).around(
+                lambda: update(actor, data)
+            )
+            hook.remove()
         after = full_parameters(model)
         step_norm = math.sqrt(sum(float((after[n].double() - before[n].double()).pow(2).sum()) for n in before))
         result = {"metrics": metrics, "verl": verl_metrics, "real_step_norm": step_norm, "E": state.last_eval}
+        result["cached_forwards"] = sum(cached)
         if compare_plain:  # the same two updates without the forecast, from the same start
             plain = _fsdp2_actor(rank, world, mini_rows)
             plain.update_policy(_rank_rows(_data(seed=2), rank, world))
@@ -238,6 +252,7 @@ def test_fsdp2_forecast_matches_the_plain_reference(tmp_path, world, method, giv
     for result in results:
         metrics = result["metrics"]
         assert metrics["probe/optimizer_steps"] == 1 and metrics["probe/eval_prompts"] == GROUPS
+        assert result["cached_forwards"] > 0, "no forward over E took its prompts' KV cache"
         assert min(result["verl"]["actor/grad_norm"]) > GRAD_CLIP  # verl clipped the step that was forecast
         assert metrics["probe/step_norm"] == pytest.approx(result["real_step_norm"], rel=1e-4)
         assert metrics["probe/step_norm"] == pytest.approx(reference["step_norm"], rel=1e-4)
