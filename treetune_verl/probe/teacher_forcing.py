@@ -35,9 +35,9 @@ def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
     return inner if isinstance(inner, torch.nn.Module) else model
 
 
-# A second forward reads every weight once more (and under FSDP gathers them again): measured on SmolLM2 on one CPU
-# thread, a forward over E costs about 0.10 s + 3.1 ms per token, so sharing prompts pays from about 35-50 tokens
-# saved; at 2 rows of 32 + 32 tokens (32 saved) it was 9 % slower, at 4 rows of 48 + 64 (96 saved) 7 % faster.
+# A second forward reads every weight once more (and under FSDP gathers them again). Shared / whole rows on SmolLM2
+# (FSDP2, one CPU thread, treetune_tests/treetune_verl/forecast/bench_token_values.py): 32 prompt tokens saved 1.19x
+# [1.03, 1.27], 96 saved 0.99x [0.95, 1.03], 384 saved 0.66x [0.61, 0.72], 768 saved 0.75x [0.67, 0.81].
 MIN_SHARED_PROMPT_TOKENS = 64
 
 
@@ -96,12 +96,13 @@ def teacher_force(
     mask = mb["attention_masks"].to(device, non_blocking=True)
     b, G, T = seq.shape
     R = T - response_col
-    resp_mask = mask.view(b * G, T)[:, response_col:].bool()  # [N, R]
+    rows_mask = mask.view(b * G, T)
+    resp_mask = rows_mask[:, response_col:].bool()  # [N, R]
     # Columns that are padding in every row change nothing at the others (left: masked out, positions count real
     # tokens; right: after every real token): the forward skips them, their values are 0 like any padding's.
-    start, end = _real_columns(mask.view(b * G, T), response_col)
+    start, end = _real_columns(rows_mask, response_col)
     flat_seq = seq.view(b * G, T)[:, start:end]
-    flat_mask = mask.view(b * G, T)[:, start:end]
+    flat_mask = rows_mask[:, start:end]
     logits = _response_logits(model, flat_seq, flat_mask, response_col - start, G if share_prompt else 1)
     log_probs, keep = policy_log_probs(logits, temperature, top_p)  # [N, R', V], R' = end - P
     targets = flat_seq[:, response_col - start :]  # [N, R']
@@ -152,9 +153,11 @@ def _response_logits(
         logits = model(input_ids=seq, attention_mask=mask, position_ids=positions).logits
         return logits[:, response_col - 1 : T - 1]
     saved_tokens = (N - N // G) * response_col if G > 1 and N % G == 0 else 0
-    if saved_tokens < MIN_SHARED_PROMPT_TOKENS or "past_key_values" not in parameters:
-        return _whole_rows_logits(model, seq, mask, positions, R)
-    if not _prompts_shared(seq, mask, response_col, G):
+    if (
+        saved_tokens < MIN_SHARED_PROMPT_TOKENS
+        or "past_key_values" not in parameters
+        or not _prompts_shared(seq, mask, response_col, G)
+    ):
         return _whole_rows_logits(model, seq, mask, positions, R)
     prompt = model(
         input_ids=seq[::G, :response_col],
