@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from treetune_verl.model_cache import publish
+
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -139,8 +141,10 @@ def build_tiny_qwen2(path: Path, seed: int = 0, vocab_size: int = 432) -> Path:
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.eos_token_id,
     )
-    path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path, safe_serialization=True)
-    tokenizer.save_pretrained(path)
-    (path / _DONE).write_text(f"seed={seed}\n")
-    return path
+
+    def save(folder: Path) -> None:
+        model.save_pretrained(folder, safe_serialization=True)
+        tokenizer.save_pretrained(folder)
+        (folder / _DONE).write_text(f"seed={seed}\n")
+
+    return publish(path, save, _DONE)

@@ -13,8 +13,11 @@ tokenizer class transformers 4 (the pinned stack) cannot load, and both stacks s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
@@ -62,13 +65,41 @@ def smollm2_path() -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = _find_gguf()
-    tmp = target.with_name(target.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / _DONE_MARKER).write_text(f"converted from {gguf}\n")
-    shutil.rmtree(target, ignore_errors=True)
-    tmp.rename(target)
-    return target
+
+    def save(folder: Path) -> None:
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        (folder / _DONE_MARKER).write_text(f"converted from {gguf}\n")
+
+    return publish(target, save, _DONE_MARKER)
+
+
+def publish(target: Path, write: Callable[[Path], None], marker: str) -> Path:
+    """Make ``target`` the complete folder that ``write(folder)`` fills, the file ``marker`` written last, safely
+    against other processes doing the same at once (two runs started together on a fresh cache).
+
+    ``write`` fills a folder of this call's own, which is then renamed to ``target`` in one step: a reader sees no
+    folder or a complete one. If another process published first, its folder is kept and this one dropped; a folder
+    left without ``marker`` (an older, interrupted build) is moved aside and replaced.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f"{target.name}.partial-", dir=target.parent))
+    staging.chmod(0o755)  # mkdtemp's 0o700 would keep the published folder from other users of a shared cache
+    try:
+        write(staging)
+        for _ in range(3):
+            try:
+                staging.rename(target)  # atomic; fails while target exists
+                return target
+            except OSError:
+                if (target / marker).exists():
+                    return target  # another process was first
+                stale = Path(tempfile.mkdtemp(prefix=f"{target.name}.stale-", dir=target.parent))
+                with contextlib.suppress(FileNotFoundError):
+                    target.rename(stale / target.name)
+                shutil.rmtree(stale, ignore_errors=True)
+        raise RuntimeError(f"could not publish {target}: it keeps reappearing without {marker}")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
