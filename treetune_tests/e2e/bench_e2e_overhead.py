@@ -9,10 +9,20 @@ sets it), so the ratio isolates the entropy path, not the cost of rollout logpro
     python treetune_tests/e2e/bench_e2e_overhead.py                          # 3 pairs x 5 steps, tiny model
     python treetune_tests/e2e/bench_e2e_overhead.py --pairs 6 --steps 4 --out outputs/bench/e2e_overhead.json
     python treetune_tests/e2e/bench_e2e_overhead.py --pairs 12 ... --resume   # add pairs to an earlier call's 6
+    python treetune_tests/e2e/bench_e2e_overhead.py --model smollm2 --pairs 10 --steps 4 --concurrent
 
 Runs come in pairs (one run of each arm); the order within a pair is balanced and seeded (ABBA: each block of two
 pairs is a shuffled [block-stock, stock-block]), so that a drift of the machine over time hits both arms alike. Each
-run has its own workdir (``outputs/bench/e2e-<pair>-<arm>``) and Ray temp dir. From every run's ``metrics.jsonl``
+run has its own workdir (``outputs/bench/e2e-<pair>-<arm>``, the script's output in ``bench_output.txt``) and Ray temp
+dir. By default the two runs of a pair run one after the other on the whole machine; a drift of the machine between
+them (minutes apart) is then part of the pair's ratio. With ``--concurrent`` they run at the same time, each on one
+core of its own (its processes' affinity, inherited by every process of the run), so that whatever else loads the
+machine loads both alike; and every ``--swap-s`` seconds (default 2) the two runs trade cores (every thread of each
+run's process tree is moved), so that a difference between the two cores is spread over both arms too (with
+``--swap-s 0`` on SmolLM2, 2026-11-28, two pairs: generation ratio 1.045 with the block on core 0, 0.970 with the
+stock arm there, so core 0 ~3.7 % slower: as large as the effect looked for). A run then has one core: its steps take longer than on two, and
+its ratio is the block's overhead in CPU time on one core, where a background cost of the block's own processes
+counts in full instead of hiding on an idle core. From every run's ``metrics.jsonl``
 the per-step ``timing_s/gen``, ``timing_s/step`` (and ``timing_s/old_log_prob``, ``timing_s/update_actor``,
 ``timing_s/update_weights`` when logged) are read; step 1 is dropped (it includes the warm-up: first compile, first weight sync, allocator).
 Sampling on CPU does not repeat from run to run, so the two runs of a pair generate responses of different lengths
@@ -46,6 +56,7 @@ treetune_specs/2026-11-23-grpo-e2e.md ("Overhead of the block").
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -89,15 +100,16 @@ def pair_orders(pairs: int, seed: int) -> list[tuple[str, str]]:
     return orders[:pairs]
 
 
-def run_once(arm: str, pair: int, args: argparse.Namespace) -> dict:
-    work = args.root / f"e2e-{pair}-{arm}"
+def run_env(arm: str, pair: int, args: argparse.Namespace) -> dict[str, str]:
+    """The e2e script's environment for one run: the arm's switch, the model, the steps, a workdir and Ray temp dir of
+    the run's own."""
     env = {
         **os.environ,
         "PYTHON": sys.executable,
         "E2E_BLOCK": ARMS[arm],
         "E2E_MODEL": args.model,
         "E2E_STEPS": str(args.steps),
-        "E2E_WORKDIR": str(work),
+        "E2E_WORKDIR": str(workdir(arm, pair, args)),
         "RAY_TMPDIR": f"/tmp/treetune_bench_ray/{pair}-{arm}",  # short: Ray's socket paths have a length limit
     }
     env.pop("E2E_VARIANT", None)
@@ -105,18 +117,105 @@ def run_once(arm: str, pair: int, args: argparse.Namespace) -> dict:
     env.pop(BENCH_SWITCH, None)
     if args.fixed_length:
         env[BENCH_SWITCH] = "1"
-    load, wall = os.getloadavg()[0], None
-    if not (args.reuse or (args.resume and finished(work, args.steps))):
-        start = time.monotonic()
-        result = subprocess.run(["bash", str(E2E_SCRIPT)], env=env, capture_output=True, text=True)
-        wall = time.monotonic() - start
-        if result.returncode != 0:
-            sys.stderr.write(result.stdout[-4000:] + result.stderr[-4000:])
-            raise SystemExit(f"FAIL: {arm} run of pair {pair} exited with {result.returncode} (log: {work}/train.log)")
+    return env
+
+
+def workdir(arm: str, pair: int, args: argparse.Namespace) -> Path:
+    return args.root / f"e2e-{pair}-{arm}"
+
+
+def start(arm: str, pair: int, args: argparse.Namespace, core: int | None = None) -> subprocess.Popen:
+    """The e2e script of one run, started, its output to ``bench_output.txt`` in the run's workdir; on ``core`` only
+    (its affinity, inherited by Ray's, verl's and sglang's processes) when given."""
+    work = workdir(arm, pair, args)
+    work.mkdir(parents=True, exist_ok=True)
+    with open(work / "bench_output.txt", "w") as output:  # the child keeps its own descriptor
+        return subprocess.Popen(
+            ["bash", str(E2E_SCRIPT)],
+            env=run_env(arm, pair, args),
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            preexec_fn=None if core is None else (lambda: os.sched_setaffinity(0, {core})),
+        )
+
+
+def wait(
+    running: dict[str, subprocess.Popen], pair: int, args: argparse.Namespace, cores: dict[str, int] | None = None
+) -> dict[str, float]:
+    """Each arm's seconds until its run ended, the runs waited for together; the first failure ends the others.
+    ``cores``: each arm's core at the start; with ``args.swap_s`` the arms trade cores every ``swap_s`` seconds."""
+    began = last_swap = time.monotonic()
+    walls: dict[str, float] = {}
+    try:
+        while len(walls) < len(running):
+            for arm, process in running.items():
+                if arm in walls or process.poll() is None:
+                    continue
+                walls[arm] = time.monotonic() - began
+                if process.returncode != 0:
+                    work = workdir(arm, pair, args)
+                    sys.stderr.write((work / "bench_output.txt").read_text()[-8000:])
+                    raise SystemExit(
+                        f"FAIL: {arm} run of pair {pair} exited with {process.returncode} (log: {work}/train.log)"
+                    )
+            if cores and args.swap_s and time.monotonic() - last_swap >= args.swap_s:
+                cores = dict(zip(cores, reversed(list(cores.values())), strict=True))
+                for arm, process in running.items():
+                    if arm not in walls:
+                        pin_tree(process.pid, cores[arm])
+                last_swap = time.monotonic()
+            time.sleep(0.2)
+    finally:  # the script's watchdog ends its trainer's session
+        for process in running.values():
+            if process.poll() is None:
+                process.terminate()
+    return walls
+
+
+def pin_tree(root: int, core: int) -> None:
+    """Every thread of process ``root`` and of its descendants (the run's Ray, verl and sglang processes) onto
+    ``core``. A thread's affinity is its own: setting a process's moves its main thread only."""
+    import psutil
+
+    try:
+        processes = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for process in processes:
+        threads = []
+        with contextlib.suppress(FileNotFoundError):  # the process ended meanwhile
+            threads = os.listdir(f"/proc/{process.pid}/task")
+        for tid in threads:
+            with contextlib.suppress(OSError):  # the thread or process ended meanwhile
+                os.sched_setaffinity(int(tid), {core})
+
+
+def run_pair(order: tuple[str, str], pair: int, args: argparse.Namespace) -> list[dict]:
+    """The pair's two runs, back to back in ``order``, or with ``--concurrent`` both at once, the first of ``order``
+    on the first of the two cores (so the ABBA orders also balance the cores)."""
+    load = os.getloadavg()[0]
+    todo = [
+        arm for arm in order if not (args.reuse or (args.resume and finished(workdir(arm, pair, args), args.steps)))
+    ]
+    cores = dict(zip(order, sorted(os.sched_getaffinity(0))[:2], strict=True)) if args.concurrent else {}
+    walls: dict[str, float] = {}
+    if args.concurrent and todo:
+        walls = wait({arm: start(arm, pair, args, cores[arm]) for arm in todo}, pair, args, cores)
+    else:
+        for arm in todo:
+            walls |= wait({arm: start(arm, pair, args)}, pair, args)
+    return [read_run(arm, pair, args, walls.get(arm), load, cores.get(arm)) for arm in order]
+
+
+def read_run(arm: str, pair: int, args: argparse.Namespace, wall: float | None, load: float, core: int | None) -> dict:
+    """One finished run's per-step seconds from its ``metrics.jsonl`` (and the block's in-run attribution); ``core``:
+    the one it ran on (``--concurrent``)."""
+    work = workdir(arm, pair, args)
     steps = training_steps(read_steps(work / "metrics.jsonl"))
     # {"step": n, "s": {phase: seconds}} (the phase "step" is verl's timing_s/step)
     timings = [{"step": m["step"], "s": step_seconds(m)} for m in steps]
-    run = {"pair": pair, "arm": arm, "workdir": str(work), "wall_s": wall, "load1_before": load, "steps": timings}
+    run = {"pair": pair, "arm": arm, "workdir": str(work), "wall_s": wall, "load1_before": load, "core": core}
+    run["steps"] = timings
     if arm == "block":  # the in-run attribution (treetune_verl/timing.py): the cross-check of the ratio
         run["feature_shares"] = feature_shares(read_steps(work / "metrics.jsonl"))
     shown = ", ".join(f"{p} {statistics.median(kept(run, p).values()):.3f} s" for p in ("gen", "step") if kept(run, p))
@@ -222,6 +321,8 @@ def write_report(args: argparse.Namespace, command: str, orders: list, started: 
         "dropped_steps": [1],
         "model": args.model,
         "fixed_length": args.fixed_length,
+        "concurrent": args.concurrent,
+        "swap_s": args.swap_s if args.concurrent else None,
         "seed": args.seed,
         "orders": orders[:pairs_done],
         "machine": {
@@ -254,6 +355,18 @@ def main(argv: list[str] | None = None) -> int:
         default=True,
         help="every response of both arms ends at the length cap (sglang ignores EOS): the arms time the same work",
     )
+    parser.add_argument(
+        "--concurrent",
+        action="store_true",
+        help="the two runs of a pair at once, each on a core of its own: a drift of the machine hits both alike",
+    )
+    parser.add_argument(
+        "--swap-s",
+        type=float,
+        default=2.0,
+        help="with --concurrent: the two runs trade cores every this many seconds, so that a difference between the "
+        "cores hits both alike (0: each keeps its core)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the order within the pairs")
     parser.add_argument("--root", type=Path, default=REPO_ROOT / "outputs" / "bench", help="parent of the workdirs")
     parser.add_argument(
@@ -272,13 +385,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.steps < 2:
         parser.error("--steps must be >= 2 (step 1 is dropped)")
+    if args.concurrent and len(os.sched_getaffinity(0)) < 2:
+        parser.error("--concurrent needs two cores, one per arm")
     args.root = args.root.resolve()
     args.root.mkdir(parents=True, exist_ok=True)
     orders = pair_orders(args.pairs, args.seed)
     command = shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(argv)
     print(
         f"{args.pairs} pair(s) x {args.steps} steps, model {args.model}, fixed length {args.fixed_length}, "
-        f"orders {orders}",
+        f"concurrent {args.concurrent}, orders {orders}",
         flush=True,
     )
     started = time.time()
@@ -290,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"budget: {elapsed:.0f} s used, a pair takes up to {max(pair_seconds):.0f} s: stop at {pair} pair(s)")
             break
         pair_start = time.time()
-        runs += [run_once(arm, pair, args) for arm in order]
+        runs += run_pair(order, pair, args)
         pair_seconds.append(time.time() - pair_start)
         # after every pair: a cut-off run still leaves the pairs it finished
         result = write_report(args, command, orders, started, runs)

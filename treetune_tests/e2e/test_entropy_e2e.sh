@@ -203,11 +203,13 @@ if [[ "$DEVICE" == cpu ]]; then
     # one declared (not real) GPU per training process and a custom Ray resource literally named "cpu" for the
     # placement bundles {"CPU": 3, "<trainer.device>": 1} (one per process); gloo; sdpa attention; no padding removal
     # (flash-attn only); fp32 actor and reference compute to match the fp32 CPU engine; the project's CPU sglang
-    # engine settings (treetune_verl/sglang/engine.py:CPU_ENGINE_KWARGS) and no torch_memory_saver (CUDA only).
+    # engine settings (treetune_verl/sglang/engine.py:CPU_ENGINE_KWARGS) and no torch_memory_saver (CUDA only); no Ray
+    # dashboard (its head and its modules are about ten processes started with every run, on two cores).
     ARGS+=(
         trainer.device=cpu
         ray_kwargs.ray_init.num_cpus=$((8 * NPROC))
         +ray_kwargs.ray_init.num_gpus=$NPROC
+        +ray_kwargs.ray_init.include_dashboard=False
         actor_rollout_ref.actor.strategy=fsdp2
         actor_rollout_ref.actor.fsdp_config.dtype=float32
         actor_rollout_ref.ref.fsdp_config.dtype=float32
