@@ -24,8 +24,9 @@ PYTEST_ARGS ?=
 # The current stack's suite: the real-Engine tests (one file, both stacks), the sglang side's version-independent
 # tests and the 0.5.12 adapter's, the generation job and make run's CLI, managed sessions on the real Engine
 # (EngineBackend), our server on verl 0.9.1's (scoped abort), the V1 trainer's setup and seams, verl's CPU runtime
-# patches and the rollout-entropy block in verl 0.9.1's GRPO on CPU (the full / resume variants, forking tokens on),
-# over-sampling (the estimator / loss tables with verl's padding rows, the replay buffer on a real Engine, GRPO),
+# patches and the rollout-entropy block in verl 0.9.1's GRPO on CPU (the full / resume variants, with over-sampling,
+# forking tokens and the forecast on), over-sampling (the estimator / loss tables with verl's padding rows, the replay
+# buffer on a real Engine, GRPO with carry-over),
 # managed agents that train (sessions of two rows on a real Engine in the V1 rollout file, GRPO).
 CURRENT_TESTS := \
 	treetune_tests/treetune_verl/sglang/test_entropy_engine_on_cpu.py \

@@ -148,8 +148,13 @@ def put_rollout_entropy(batch: Any, rows: list[dict[str, torch.Tensor]]) -> None
     batch.fields = written.fields
 
 
-def entropy_metrics(rows: list[dict[str, torch.Tensor]], masks: list[torch.Tensor]) -> dict[str, float]:
-    """:func:`rollout_entropy_metrics` of built rows (``agent_loop/rollout_entropy/...``)."""
+def entropy_metrics(
+    rows: list[dict[str, torch.Tensor]], masks: list[torch.Tensor], padding: list[bool] | None = None
+) -> dict[str, float]:
+    """:func:`rollout_entropy_metrics` of built rows (``agent_loop/rollout_entropy/...``); ``padding``: the rows verl
+    added to fill the batch, left out (no rollout row of ours: ``rows_without_entropy`` counts the real rows only)."""
+    if padding is not None:
+        rows, masks = zip(*[(row, mask) for row, mask, pad in zip(rows, masks, padding, strict=True) if not pad])
     has = torch.stack([row[HAS_ROLLOUT_ENTROPY_KEY] for row in rows])
     entropy = _padded([row[ROLLOUT_ENTROPY_KEY] for row in rows])
     return rollout_entropy_metrics(entropy, _padded(masks), has)
@@ -163,7 +168,8 @@ def _wrap_compute_old_log_prob(original):
             extra_fields, masks, padding = _read_rows(batch)
             rows = rollout_entropy_rows(batch.keys, extra_fields, masks, padding)
             put_rollout_entropy(batch, rows)
-            metrics.update({TRAINING_PREFIX + key: value for key, value in entropy_metrics(rows, masks).items()})
+            built = entropy_metrics(rows, masks, padding)
+            metrics.update({TRAINING_PREFIX + key: value for key, value in built.items()})
         # 2. agreement with the actor's entropy of the same tokens (absent in bypass mode: no actor pass)
         with SECONDS.timed(TRAINER_HOOKS):
             if ACTOR_ENTROPY_KEY in (batch.fields or ()) and agreement_is_defined(
