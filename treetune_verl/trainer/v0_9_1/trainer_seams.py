@@ -154,7 +154,8 @@ def entropy_metrics(
     """:func:`rollout_entropy_metrics` of built rows (``agent_loop/rollout_entropy/...``); ``padding``: the rows verl
     added to fill the batch, left out (no rollout row of ours: ``rows_without_entropy`` counts the real rows only)."""
     if padding is not None:
-        rows, masks = zip(*[(row, mask) for row, mask, pad in zip(rows, masks, padding, strict=True) if not pad])
+        kept = [(row, mask) for row, mask, pad in zip(rows, masks, padding, strict=True) if not pad]
+        rows, masks = [row for row, _ in kept], [mask for _, mask in kept]
     has = torch.stack([row[HAS_ROLLOUT_ENTROPY_KEY] for row in rows])
     entropy = _padded([row[ROLLOUT_ENTROPY_KEY] for row in rows])
     return rollout_entropy_metrics(entropy, _padded(masks), has)
