@@ -209,7 +209,7 @@ def run_pair(order: tuple[str, str], pair: int, args: argparse.Namespace) -> lis
 
 def read_run(arm: str, pair: int, args: argparse.Namespace, wall: float | None, load: float, core: int | None) -> dict:
     """One finished run's per-step seconds from its ``metrics.jsonl`` (and the block's in-run attribution); ``core``:
-    the one it ran on (``--concurrent``)."""
+    the one it started on (``--concurrent``; with ``--swap-s`` it traded cores from there)."""
     work = workdir(arm, pair, args)
     steps = training_steps(read_steps(work / "metrics.jsonl"))
     # {"step": n, "s": {phase: seconds}} (the phase "step" is verl's timing_s/step)
