@@ -60,7 +60,7 @@ export PIP_CACHE_DIR      ?= $(CURDIR)/.cache/pip
 export HF_HUB_OFFLINE     := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup run generate analyze probe test test-stack test-fast e2e lint bench bench-probe
+.PHONY: setup run generate analyze probe test test-stack test-fast e2e study lint bench bench-probe
 
 setup: $(STAMP)
 
@@ -120,6 +120,12 @@ E2E_MODEL ?= smollm2
 E2E_VARIANT ?= base
 e2e: setup
 	E2E_MODEL=$(E2E_MODEL) E2E_VARIANT=$(E2E_VARIANT) PYTHON=$(PY) bash treetune_tests/e2e/test_entropy_e2e.sh $(ARGS)
+
+## Is the entropy forecast right? A collapsing and a stable GRPO run of verl's main_ppo with the forecast at every step
+## (SmolLM2 on CPU), each step printed as it lands, then outputs/study/report.html (+ PNGs, study.json). Options via
+## ARGS (python treetune_tests/e2e/forecast_study.py --help), e.g. ARGS="--seed 3 --root outputs/study-3".
+study: setup
+	$(PY) treetune_tests/e2e/forecast_study.py $(ARGS)
 
 lint: setup
 	$(VENV)/bin/pre-commit run --all-files --show-diff-on-failure

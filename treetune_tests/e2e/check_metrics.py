@@ -4,8 +4,9 @@
 ``logger.log`` call: ``{"step": n, "data": {metric: value}}``): one record per training step, plus, with
 ``trainer.val_before_train=True``, a record holding only ``val-*`` metrics at the step before the first trained one.
 
-Every training step must carry a finite ``actor/pg_loss``, ``actor/grad_norm`` > 0 (the update did something: the
-reward varied within the GRPO groups), ``timing_s/agent_loop/rollout_entropy/mean`` > 0 (our rollout entropy reached
+Every training step must carry a finite ``actor/pg_loss``, a finite ``actor/grad_norm``, > 0 (the update did
+something: the reward varied within the GRPO groups) unless every advantage of the step is 0 (``critic/advantages/max`` =
+``min`` = 0: all groups' rewards equal, as after an entropy collapse), and at least one step of the run > 0, ``timing_s/agent_loop/rollout_entropy/mean`` > 0 (our rollout entropy reached
 the trainer), and verl's ``training/rollout_probs_diff_mean`` / ``training/rollout_actor_probs_pearson_corr`` (the
 rollout engine's token probabilities against the actor's recomputation of the same tokens;
 ``rollout.calculate_log_probs`` must be on). Those two show that the engine serves the weights the actor holds: at
@@ -60,6 +61,7 @@ from pathlib import Path
 
 PG_LOSS = "actor/pg_loss"
 GRAD_NORM = "actor/grad_norm"
+ADVANTAGES_MAX, ADVANTAGES_MIN = "critic/advantages/max", "critic/advantages/min"
 ENTROPY_MEAN = "timing_s/agent_loop/rollout_entropy/mean"
 PROBS_DIFF = "training/rollout_probs_diff_mean"
 PEARSON = "training/rollout_actor_probs_pearson_corr"
@@ -99,13 +101,21 @@ FORECAST_KEYS = (
     "probe/deltaH_realised",
     "probe/deltaH_realised_se",
     "probe/deltaH_realised_first_step",
+    # E's token entropy (forecast/token_entropy.py): the calibrated forecast, the realised change, their paired SE
+    "probe/token/H_before",
+    "probe/token/deltaH1",
+    "probe/token/deltaH1_se",
+    "probe/token/deltaH_realised_first_step",
+    "probe/token/deltaH_realised_first_step_se",
+    "probe/token/deltaH_realised",
+    "probe/token/error_se",
     "timing_s/probe",
     "probe/cost_ratio",
     # the early warning (forecast/early_warning.py): the projection and both warnings, every forecast
     "probe/warning/entropy",
     "probe/warning/rate",
-    "probe/warning/steps_to_floor",
-    "probe/warning/steps_to_floor_realised",
+    "probe/warning/rate_se",
+    "probe/warning/steps_to_fraction",
     "probe/warning/disagree_streak",
     "probe/warning/collapse",
     "probe/warning/disagree",
@@ -181,7 +191,7 @@ def check(
     stale = "the engine does not serve the actor's weights: weight sync broken?"
     for metrics in trained:
         _need(errors, metrics, PG_LOSS, lambda v: True, "a finite number")
-        _need(errors, metrics, GRAD_NORM, lambda v: v > 0, "> 0 (zero gradient: no reward variance within the groups?)")
+        _check_gradient(errors, metrics)
         if entropy:
             _need(errors, metrics, ENTROPY_MEAN, lambda v: v > 0, "> 0 (rollout entropy not served: block in?)")
             _check_timing(errors, metrics, aborted_ratio is not None, pg_token_quantile is not None)
@@ -225,6 +235,8 @@ def check(
         if forecast_every is not None and (metrics["step"] - trained[0]["step"]) % forecast_every == 0:
             for key in FORECAST_KEYS:
                 _need(errors, metrics, key, lambda v: True, "a finite number (the forecast block's probed step)")
+    if trained and not any(_finite(m.get(GRAD_NORM)) and m[GRAD_NORM] > 0 for m in trained):
+        errors.append(f"no training step with {GRAD_NORM} > 0: the run never updated the actor")
     if carry_over:
         _check_carry_over(errors, trained)
     if val and trained:
@@ -234,6 +246,20 @@ def check(
         for metrics in before:
             _check_validation(errors, metrics, entropy)
     return errors
+
+
+def _check_gradient(errors: list[str], metrics: dict) -> None:
+    """A finite ``actor/grad_norm``, > 0 unless the step's advantages are all zero (every GRPO group's rewards equal,
+    as after an entropy collapse: nothing to learn from, verl's zero gradient is right; Adam's momentum still moves)."""
+    _need(errors, metrics, GRAD_NORM, lambda v: True, "a finite number")
+    if not _finite(metrics.get(GRAD_NORM)) or metrics[GRAD_NORM] > 0:
+        return
+    advantages = [metrics.get(key) for key in (ADVANTAGES_MAX, ADVANTAGES_MIN)]
+    if not all(_finite(a) and a == 0 for a in advantages):
+        errors.append(
+            f"step {metrics['step']}: {GRAD_NORM} = {metrics[GRAD_NORM]!r} with non-zero advantages "
+            f"({ADVANTAGES_MIN} = {advantages[1]!r}, {ADVANTAGES_MAX} = {advantages[0]!r}): the update lost its gradient"
+        )
 
 
 def _check_timing(errors: list[str], metrics: dict, over_sampling: bool, steering: bool) -> None:

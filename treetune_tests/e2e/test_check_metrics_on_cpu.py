@@ -10,6 +10,8 @@ import json
 import pytest
 
 from treetune_tests.e2e.check_metrics import (
+    ADVANTAGES_MAX,
+    ADVANTAGES_MIN,
     CARRY_OVER,
     CARRY_OVER_KEYS,
     ENTROPY_DIFF,
@@ -76,6 +78,20 @@ def test_base_checks_name_each_failure():
     assert any(GRAD_NORM in e for e in errors) and any(ENTROPY_MEAN in e for e in errors)
     assert any(f"{PEARSON} missing" in e for e in errors)
     assert check([_train(1, **{PROBS_DIFF: 0.03})], min_steps=1, max_probs_diff=1e-3) != []
+
+
+def test_a_zero_gradient_passes_only_when_every_advantage_is_zero_and_some_step_updated():
+    """After an entropy collapse every GRPO group's rewards are equal: advantages 0, verl's gradient 0. That step
+    passes; a zero gradient with non-zero advantages fails, and so does a run with no real update at all."""
+    flat = {GRAD_NORM: 0.0, ADVANTAGES_MAX: 0.0, ADVANTAGES_MIN: 0.0}
+    assert check([_train(1), _train(2, **flat), _train(3)], min_steps=3) == []
+    lost = check([_train(1), _train(2, **{**flat, ADVANTAGES_MAX: 0.7})], min_steps=2)
+    assert len(lost) == 1 and "step 2" in lost[0] and "non-zero advantages" in lost[0]
+    unexplained = check([_train(1), _train(2, **{GRAD_NORM: 0.0})], min_steps=2)  # advantages not logged
+    assert len(unexplained) == 1 and "step 2" in unexplained[0]
+    never = check([_train(1, **flat), _train(2, **flat)], min_steps=2)
+    assert never == [f"no training step with {GRAD_NORM} > 0: the run never updated the actor"]
+    assert any("finite" in e for e in check([_train(1, **{GRAD_NORM: float("nan")})], min_steps=1))
 
 
 def test_validation_only_records_are_told_apart():
@@ -176,7 +192,7 @@ def test_no_entropy_skips_only_the_block_checks(tmp_path, capsys):
     for metrics in stock_val:
         del metrics[VAL_ENTROPY_MEAN]
     assert check(stock_val, min_steps=1, kl=True, val=True, entropy=False) == []
-    bad = [_train(1, **{PROBS_DIFF: 0.03, GRAD_NORM: 0.0})]
+    bad = [_train(1, **{PROBS_DIFF: 0.03, GRAD_NORM: 0.0}), _train(2)]
     del bad[0][ENTROPY_MEAN]
     errors = check(bad, min_steps=1, max_probs_diff=1e-3, entropy=False)
     assert len(errors) == 2 and any(PROBS_DIFF in e for e in errors) and any(GRAD_NORM in e for e in errors)

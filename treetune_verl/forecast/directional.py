@@ -81,10 +81,30 @@ def x_directional_derivatives(
     Each estimator's surrogate is built once over all of E from the values at θ (``residual_mu`` reads its baseline
     before and folds E's residuals in after, as one probe batch does).
     """
+    return dots_from_coefficients(x_coefficients(components, E, at_theta), plus, minus)
+
+
+def dots_from_coefficients(
+    coefficients: dict[str, tuple[torch.Tensor, torch.Tensor]], plus: TeacherForced, minus: TeacherForced
+) -> dict[str, torch.Tensor]:
+    """Per estimator, ⟨X_b, Δθ⟩ ``[B]`` from its ``(∂L/∂lp, ∂L/∂H)`` (:func:`x_coefficients`) and the central
+    differences of the token values at θ + Δθ and θ − Δθ."""
     tangent_lp = (plus.token_logprobs - minus.token_logprobs) / 2  # [B, G, R] ⟨∇lp, Δθ⟩
     tangent_h = (plus.entropies - minus.entropies) / 2  # [B, G, R] ⟨∇H, Δθ⟩
+    return {e: (d_lp * tangent_lp + d_h * tangent_h).sum(dim=(1, 2)) for e, (d_lp, d_h) in coefficients.items()}
+
+
+def x_coefficients(
+    components: dict[str, ProbeComponents], E: dict[str, torch.Tensor], at_theta: TeacherForced
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Per estimator, ``(∂L/∂lp, ∂L/∂H)`` ``[B, G, R]`` fp64 of its X surrogate L at the token values at θ (zeros where
+    L does not read the values), so that ⟨X_b, Δθ⟩ = Σ_{g,j} ∂L/∂lp · ⟨∇lp, Δθ⟩ + ∂L/∂H · ⟨∇H, Δθ⟩.
+
+    Each estimator's surrogate is built once over all of E (``residual_mu`` reads its baseline before and folds E's
+    residuals in after, as one probe batch does).
+    """
     R = at_theta.token_logprobs.shape[-1]
-    dots = {}
+    out = {}
     for estimator, comps in components.items():
         loss_fn, finish = comps.x_surrogate(R)
         lp = at_theta.token_logprobs.clone().requires_grad_()
@@ -93,9 +113,8 @@ def x_directional_derivatives(
             loss = loss_fn({"tf": TeacherForced(lp, entropies, at_theta.response_mask), **E})
             d_lp, d_h = torch.autograd.grad(loss, [lp, entropies], allow_unused=True)
         finish()
-        per_token = d_lp * tangent_lp + (0.0 if d_h is None else d_h * tangent_h)
-        dots[estimator] = per_token.sum(dim=(1, 2))
-    return dots
+        out[estimator] = tuple(torch.zeros_like(lp) if d is None else d.detach() for d in (d_lp, d_h))
+    return out
 
 
 def compute_dtype(model: torch.nn.Module) -> torch.dtype:
@@ -113,13 +132,18 @@ def compute_dtype(model: torch.nn.Module) -> torch.dtype:
     return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
 
 
+PATHWISE = "pathwise"  # x_directional_derivatives_by_backward's key for ⟨∇ Σ_{g,k} H_k, Δθ⟩ (E's summed entropy)
+
+
 def x_directional_derivatives_by_backward(
     components: dict[str, ProbeComponents],
     E: dict[str, torch.Tensor],
     step_of: Callable[[str, torch.Tensor], torch.Tensor],
 ) -> tuple[dict[str, torch.Tensor], TeacherForced]:
-    """Per prompt of E, ⟨X_b, Δθ⟩ over this rank's shards for each estimator (``[B]`` fp64), and the token values at
-    the current weights (θ), from one forward with graph per prompt and one backward per estimator.
+    """Per prompt of E, ⟨X_b, Δθ⟩ over this rank's shards for each estimator (``[B]`` fp64) and, under
+    :data:`PATHWISE`, ⟨∇ Σ_{g,k} H_k, Δθ⟩ of the prompt's summed token entropies at fixed states; and the token
+    values at the current weights (θ), from one forward with graph per prompt and one backward per estimator and one
+    for the entropies.
 
     ``step_of(name, shard)`` gives Δθ for a parameter's local shard. Under FSDP each backward's gradient is averaged
     over the W ranks, so the sum over ranks of these values is, per prompt index b, the mean over ranks of
@@ -128,7 +152,8 @@ def x_directional_derivatives_by_backward(
     first = next(iter(components.values()))
     B, _, P = validate_probe_batch(E, "E_batch")
     surrogates = {e: c.x_surrogate(E["sequences"].shape[-1] - P) for e, c in components.items()}
-    dots = {e: torch.zeros(B, dtype=torch.float64) for e in components}
+    surrogates[PATHWISE] = (lambda mb: (mb["tf"].entropies * mb["tf"].response_mask).sum(), lambda: None)
+    dots = {e: torch.zeros(B, dtype=torch.float64) for e in surrogates}
     parts = []
     for b in range(B):
         prompt = {key: value[b : b + 1] for key, value in E.items()}

@@ -2,23 +2,29 @@
 # SPDX-License-Identifier: Apache-2.0
 """An early warning of entropy collapse, from the forecast's series of updates.
 
-Each forecast (``live.py``) reports, per actor update, in nats per budget token: the entropy of E at θ
-(``probe/H_before``), the forecast ΔH₁ of the update's first optimizer step (``probe/deltaH1/<estimator>`` ± its
-standard error), the realised change of that step and of the whole update (``probe/deltaH_realised_first_step``,
-``probe/deltaH_realised``, ± theirs) and the update's optimizer steps. From them, per forecast:
+Each forecast (``live.py``) reports, per actor update, E's token entropy at θ (``probe/token/H_before``, nats per
+token), the forecast of its change along the update's first optimizer step (``probe/token/deltaH1`` ± ``_se``), the
+realised change at the same states after that step and after the whole update (``probe/token/deltaH_realised_first_step``,
+``probe/token/deltaH_realised``), the paired standard error of realised − forecast (``probe/token/error_se``) and the
+update's optimizer steps. From them, per forecast:
 
-- the entropy now, ``H = H_before + deltaH_realised``, and the forecast rate per training step,
-  ``r = mean of the last `window` forecasts' ΔH₁ · optimizer_steps`` (first order: every optimizer step of an update
-  moves entropy as its first one);
-- ``probe/warning/steps_to_floor``: training steps until ``H`` falls to ``floor`` at that rate, ``(H - floor) / -r``
-  (0 at or below the floor; ``horizon`` when the rate does not reach it within ``horizon`` steps);
-  ``probe/warning/steps_to_floor_realised`` the same at the realised rate (``deltaH_realised`` over the window);
-- ``probe/warning/disagreement_z``: ``|ΔH₁ - deltaH_realised_first_step| / sqrt(se₁² + se_realised²)`` (NaN without
-  both standard errors) and ``probe/warning/disagree_streak``, the consecutive forecasts with ``z > z``;
-- ``probe/warning/collapse`` (1.0 when ``steps_to_floor < horizon``) and ``probe/warning/disagree`` (1.0 when the
-  streak reaches ``consecutive``), each with a warning line in the log.
+- ``probe/warning/rate``: the forecast's relative rate per training step, the mean over the last ``window`` forecasts
+  of ``ΔH₁ · optimizer_steps / H_before`` (first order: every optimizer step of an update moves entropy as its first
+  one), ± ``probe/warning/rate_se``;
+- ``probe/warning/steps_to_fraction``: training steps until the entropy falls to ``fraction`` of its value at that
+  rate, ``ln(fraction) / rate`` (at most ``10 · horizon``, its value when the rate is not negative);
+- ``probe/warning/collapse`` = 1.0 when ``steps_to_fraction <= horizon`` and the rate is negative beyond ``z`` of its
+  standard errors, from the ``skip + 1``-th forecast on (the first forecasts are skipped: Adam's first step moves
+  every parameter by the learning rate, whatever its gradient's size, and is no sample of the run's later steps; on
+  the CPU study's SmolLM2 runs it is the largest step of the run, ‖Δθ‖ ≈ 1.05 against 0.2-0.75 after it);
+- ``probe/warning/disagreement_z`` = ``|realised − ΔH₁| / error_se`` and ``probe/warning/disagree_streak``, the
+  consecutive forecasts with ``z > z``; ``probe/warning/disagree`` = 1.0 when the streak reaches ``consecutive``: the
+  first-order forecast does not describe this run's steps;
+- ``probe/warning/entropy``: E's token entropy after the update, for the plot.
 
-The state is the forecasting worker's (one per actor process, kept across updates; a resumed run starts afresh).
+Each warning comes with a warning line in the log (rank 0). The rule and its settings were chosen on the CPU study's
+runs and judged on runs they were not chosen on (``treetune_specs/2026-11-28-forecast-calibration.md``). The state is
+the forecasting worker's (one per actor process, kept across updates; a resumed run starts afresh).
 """
 
 from __future__ import annotations
@@ -35,34 +41,35 @@ from treetune_verl.config.job_config import is_int
 logger = logging.getLogger(__name__)
 
 PREFIX = "probe/warning/"
-ESTIMATOR_PREFERENCE = ("rb_residual", "naive")  # the lower-variance estimator first
+TOKEN = "probe/token/"
+REMOVED_KEYS = {"floor": "the warning is relative to the entropy now: `fraction` within `horizon` steps"}
 
 
 @dataclass(frozen=True)
 class WarningSettings:
-    """``...entropy_forecast.early_warning``: ``floor`` (nats per budget token), ``horizon`` (training steps),
-    ``window`` (forecasts averaged into the rate), ``z`` and ``consecutive`` (the disagreement rule)."""
+    """``...entropy_forecast.early_warning``: warn when the forecast rate would bring the entropy to ``fraction`` of
+    its value within ``horizon`` training steps (``window`` forecasts averaged, the first ``skip`` ignored, the rate
+    ``z`` standard errors below 0); ``consecutive`` forecasts beyond ``z`` of the realised change: disagreement."""
 
-    floor: float = 0.1
-    horizon: int = 100
-    window: int = 3
+    fraction: float = 0.5
+    horizon: int = 20
+    window: int = 1
+    skip: int = 1
     z: float = 2.0
     consecutive: int = 3
 
 
 @dataclass
 class EarlyWarning:
-    """Folds each forecast's metrics into the projection and the warnings (module docstring)."""
+    """Folds each forecast's metrics into the rate and the warnings (module docstring)."""
 
     settings: WarningSettings = field(default_factory=WarningSettings)
     forecasts: int = 0
     streak: int = 0
-    _rates: deque = field(init=False)  # the last `window` forecast rates per training step
-    _realised: deque = field(init=False)  # the last `window` realised changes per update
+    _rates: deque = field(init=False)  # the last `window` (relative rate, its standard error) pairs
 
     def __post_init__(self) -> None:
         self._rates = deque(maxlen=self.settings.window)
-        self._realised = deque(maxlen=self.settings.window)
 
     def observe(self, metrics: Mapping[str, float], log: bool = True) -> dict[str, float]:
         """The ``probe/warning/*`` metrics of one forecast's ``probe/*`` metrics; logs a warning line for each
@@ -73,41 +80,41 @@ class EarlyWarning:
         """
         s = self.settings
         self.forecasts += 1
-        estimator = next((e for e in ESTIMATOR_PREFERENCE if f"probe/deltaH1/{e}" in metrics), None)
-        if estimator is None:
-            raise KeyError(f"no probe/deltaH1/<estimator> among the forecast's metrics: {sorted(metrics)}")
-        forecast = _get(metrics, f"probe/deltaH1/{estimator}")
+        forecast = _get(metrics, TOKEN + "deltaH1")
         steps = _get(metrics, "probe/optimizer_steps")
-        entropy = _get(metrics, "probe/H_before") + _get(metrics, "probe/deltaH_realised")
-        self._rates.append(forecast * steps)
-        self._realised.append(_get(metrics, "probe/deltaH_realised"))
-        rate = _mean(self._rates)
-        to_floor = _steps_to_floor(entropy, rate, s.floor, s.horizon)
-        se = math.hypot(
-            metrics.get(f"probe/deltaH1_se/{estimator}", math.nan),
-            metrics.get("probe/deltaH_realised_first_step_se", math.nan),
-        )
-        z = abs(forecast - _get(metrics, "probe/deltaH_realised_first_step")) / se if se > 0 else math.nan
+        h_before = _get(metrics, TOKEN + "H_before")
+        entropy = h_before + _get(metrics, TOKEN + "deltaH_realised")
+        se = metrics.get(TOKEN + "deltaH1_se", math.nan)
+        scale = steps / h_before if h_before > 0 else math.nan
+        self._rates.append((forecast * scale, se * scale))
+        rate = sum(r for r, _ in self._rates) / len(self._rates)
+        rate_se = math.sqrt(sum(e * e for _, e in self._rates)) / len(self._rates)
+        cap = 10.0 * s.horizon  # a rate that is not negative, or too slow to matter
+        to_fraction = min(math.log(s.fraction) / rate, cap) if rate < 0 else cap
+        significant = rate + s.z * rate_se < 0  # NaN compares False: no standard error, no warning
+        collapse = self.forecasts > s.skip and to_fraction <= s.horizon and significant
+        error_se = metrics.get(TOKEN + "error_se", math.nan)
+        realised = _get(metrics, TOKEN + "deltaH_realised_first_step")
+        z = abs(realised - forecast) / error_se if error_se > 0 else math.nan
         self.streak = self.streak + 1 if z > s.z else 0  # NaN compares False: no evidence ends a streak
-        collapse, disagree = to_floor < s.horizon, self.streak >= s.consecutive
+        disagree = self.streak >= s.consecutive
         if log and collapse:
             logger.warning(
-                f"entropy early warning (forecast {self.forecasts}): entropy {entropy:.4g} nats per budget token is "
-                f"projected to reach the floor {s.floor:g} in {to_floor:.1f} training steps at the forecast rate "
-                f"{rate:.3g} per step ({estimator}, mean of the last {len(self._rates)} forecasts)"
+                f"entropy early warning (forecast {self.forecasts}): the forecast rate {rate:+.3%} per training step "
+                f"(± {rate_se:.3%}) brings the token entropy ({entropy:.4g} nats) to {s.fraction:g} of its value in "
+                f"{to_fraction:.1f} steps (horizon {s.horizon})"
             )
         if log and disagree:
             logger.warning(
                 f"entropy early warning (forecast {self.forecasts}): forecast ΔH₁ and the realised change disagree "
-                f"beyond their standard errors for {self.streak} consecutive forecasts (z = {z:.2f} > {s.z:g}): the "
+                f"beyond their standard error for {self.streak} consecutive forecasts (z = {z:.2f} > {s.z:g}): the "
                 "first-order forecast does not describe this run's updates"
             )
         return {
-            PREFIX + "floor": s.floor,
             PREFIX + "entropy": entropy,
             PREFIX + "rate": rate,
-            PREFIX + "steps_to_floor": to_floor,
-            PREFIX + "steps_to_floor_realised": _steps_to_floor(entropy, _mean(self._realised), s.floor, s.horizon),
+            PREFIX + "rate_se": rate_se,
+            PREFIX + "steps_to_fraction": to_fraction,
             PREFIX + "disagreement_z": z,
             PREFIX + "disagree_streak": float(self.streak),
             PREFIX + "collapse": float(collapse),
@@ -119,12 +126,15 @@ def warning_settings(section: Any, where: str) -> WarningSettings:
     """:class:`WarningSettings` from the ``early_warning`` mapping (``None``: the defaults).
 
     Raises:
-        ValueError: an unknown key or a bad value, naming ``<where>.<key>``.
+        ValueError: an unknown or removed key or a bad value, naming ``<where>.<key>``.
     """
     if section is None:
         return WarningSettings()
     if not isinstance(section, Mapping):
-        raise ValueError(f"{where} must be a mapping of floor, horizon, window, z, consecutive; got {section!r}")
+        raise ValueError(f"{where} must be a mapping of {sorted(vars(WarningSettings()))}; got {section!r}")
+    removed = sorted(set(section) & set(REMOVED_KEYS))
+    if removed:
+        raise ValueError(f"{where}.{removed[0]}: removed ({REMOVED_KEYS[removed[0]]})")
     defaults = WarningSettings()
     unknown = sorted(set(section) - set(vars(defaults)))
     if unknown:
@@ -133,10 +143,14 @@ def warning_settings(section: Any, where: str) -> WarningSettings:
     for key in ("horizon", "window", "consecutive"):
         if not is_int(values[key]) or values[key] < 1:
             raise ValueError(f"{where}.{key} must be an integer >= 1, got {values[key]!r}")
-    for key in ("floor", "z"):
-        value = values[key]
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-            raise ValueError(f"{where}.{key} must be a finite number >= 0, got {value!r}")
+    if not is_int(values["skip"]) or values["skip"] < 0:
+        raise ValueError(f"{where}.skip must be an integer >= 0, got {values['skip']!r}")
+    fraction = values["fraction"]
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 < fraction < 1:
+        raise ValueError(f"{where}.fraction must be a number in (0, 1), got {fraction!r}")
+    z = values["z"]
+    if isinstance(z, bool) or not isinstance(z, int | float) or not math.isfinite(z) or z < 0:
+        raise ValueError(f"{where}.z must be a finite number >= 0, got {z!r}")
     return WarningSettings(**values)
 
 
@@ -144,16 +158,3 @@ def _get(metrics: Mapping[str, float], key: str) -> float:
     if key not in metrics:
         raise KeyError(f"the forecast's metrics lack {key!r}")
     return float(metrics[key])
-
-
-def _mean(values: deque) -> float:
-    return sum(values) / len(values)
-
-
-def _steps_to_floor(entropy: float, rate: float, floor: float, horizon: int) -> float:
-    """Training steps until ``entropy`` reaches ``floor`` at ``rate`` per step, capped at ``horizon``."""
-    if entropy <= floor:
-        return 0.0
-    if not rate < 0:
-        return float(horizon)
-    return min((entropy - floor) / -rate, float(horizon))

@@ -23,7 +23,15 @@ mini-batch at θ):
     realised  = Ĥ(θ′) − Ĥ(θ) on E's responses (importance weights with a leave-one-out control variate,
                 ``probe/ground_truth.py``) from the same forwards at θ and θ′ (``deltaH_realised_first_step``), and
                 after the whole update, all mini-batches and epochs (``deltaH_realised``, one more forward when the
-                update took more than one optimizer step)
+                update took more than one optimizer step); ``deltaH_realised_ess_min`` the smallest effective
+                sample size of its weights (out of G)
+
+and, from the same forwards, the forecast of E's token entropy, ``probe/token/*`` (``token_entropy.py``, nats per
+token): its tangent along Δθ at E's states, the realised change at the same states (no importance weights), the
+on-policy forecast with the shift of the states' distribution, and a held-out pair for calibration. That is the
+forecast the early warning reads and the study judges (``treetune_specs/2026-11-28-forecast-calibration.md``): on a
+collapsing SmolLM2 run the sequence-level ΔH₁'s standard error was 6-30× the change and the importance weights of
+the realised change spread over exp(±2) per sequence.
 
 The weights are moved with one copy of this rank's shards (``step_weights.py``) and put back to θ′ bit for bit
 before verl goes on. ΔH₁ uses nothing of θ′ but Δθ, the same Δθ a dry run of the optimizer would give
@@ -55,17 +63,21 @@ import torch
 
 from treetune_verl.batch_keys import FORECAST_EVAL_META_KEY
 from treetune_verl.forecast.directional import (
+    PATHWISE,
     compute_dtype,
+    dots_from_coefficients,
     sequence_sums,
     token_values,
-    x_directional_derivatives,
+    x_coefficients,
     x_directional_derivatives_by_backward,
 )
 from treetune_verl.forecast.early_warning import EarlyWarning, WarningSettings
+from treetune_verl.forecast.record import values, write_record
 from treetune_verl.forecast.rollout_eval import EvalResponses
 from treetune_verl.forecast.settings import SECTION, ForecastSettings, forecast_settings
 from treetune_verl.forecast.sharding import is_sharded, reshard
 from treetune_verl.forecast.step_weights import WeightsAroundStep
+from treetune_verl.forecast.token_entropy import TokenEntropyStats, response_sums
 from treetune_verl.forecast.verl_batch import EvalPrompts, eval_prompts, prompts_by_uid, rollout_eval_share, world
 from treetune_verl.patching import swapped
 from treetune_verl.probe.batch import make_probe_batch
@@ -73,9 +85,11 @@ from treetune_verl.probe.components import ProbeComponents
 from treetune_verl.probe.ground_truth import importance_weighted_entropies
 from treetune_verl.probe.mixed_probe import collective_device
 from treetune_verl.probe.sampling import sample_responses
+from treetune_verl.probe.teacher_forcing import TeacherForced
 
 T = TypeVar("T")
 PREFIX = "probe/"
+TOKEN_PREFIX = "probe/token/"  # E's token entropy: the calibrated forecast (token_entropy.py)
 STATE_ATTR = "_treetune_entropy_forecast"  # on verl's actor worker: its ForecastState across updates
 PROBE_TIMING = "timing_s/probe"  # the forecast's seconds, beside verl's timing_s/*
 
@@ -191,6 +205,26 @@ def sample_eval_batch(
     )
     B = len(prompt_ids)
     return make_probe_batch(prompt_ids, responses, torch.zeros(B, G), pad_token_id, [budget] * B)
+
+
+def _min_over_ranks(value: torch.Tensor) -> float:
+    """The smallest of a scalar over the ranks."""
+    reduced = value.double().reshape(1)
+    if world()[1] > 1:
+        reduced = reduced.to(collective_device())
+        torch.distributed.all_reduce(reduced, op=torch.distributed.ReduceOp.MIN)
+    return float(reduced.cpu())
+
+
+def _token_stats_by_index(at_theta: TeacherForced, plus: TeacherForced, pathwise: torch.Tensor) -> TokenEntropyStats:
+    """E's token-entropy sums with backward passes: units = prompt indices, every rank's prompt of an index summed
+    (a backward's gradient is averaged over the W ranks, so W times the rank-summed ``pathwise`` shard inner products
+    is the index's summed tangent)."""
+    tokens, h0 = response_sums(at_theta)
+    _, h1 = response_sums(plus)
+    summed = _sum_over_ranks(torch.stack([tokens.sum(-1), h0.sum(-1), h1.sum(-1)]))
+    tangent = _sum_over_ranks(pathwise) * world()[1]
+    return TokenEntropyStats(summed[0], summed[1], tangent, summed[2] - summed[1])
 
 
 def _index_mean_and_se(per_index: torch.Tensor) -> tuple[float, float]:
@@ -337,6 +371,8 @@ class ForecastRun:
         self._metrics: dict[str, float] = {}
         self._stats: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # (S, F) of E at θ and θ′ (first step)
         self._steps = 0
+        self._record_dir, self._call = settings.record_dir, state.calls
+        self._record: dict[str, Any] | None = None  # E's token values, written by finish() with record_dir
         now = time.perf_counter()
         self._setup_s, self._probe_s, self._update_start = now - start, 0.0, now
 
@@ -410,9 +446,24 @@ class ForecastRun:
         finally:
             weights.restore()  # θ′ exactly, as verl's step left it
         if not self._by_backward:
-            dots = x_directional_derivatives(self._comps, E, at_theta, plus, minus)
+            coefficients = x_coefficients(self._comps, E, at_theta)
+            dots = dots_from_coefficients(coefficients, plus, minus)
+            if self._record_dir is not None:
+                self._record = {
+                    "E": {k: v.cpu() for k, v in E.items()},
+                    "mask": at_theta.response_mask.cpu(),
+                    "budget": self._budget.clone(),
+                    "theta": values(at_theta),
+                    "plus": values(plus),
+                    "minus": values(minus),
+                    "coefficients": {e: {"lp": c[0].double(), "H": c[1].double()} for e, c in coefficients.items()},
+                }
         self._metrics[PREFIX + "step_norm"] = float((_sum_over_ranks(step_sq) if self._sharded else step_sq).sqrt())
         self._stats["before"], self._stats["first_step"] = sequence_sums(at_theta), sequence_sums(plus)
+        if self._by_backward:
+            self._token = _token_stats_by_index(at_theta, plus, dots.pop(PATHWISE))
+        else:
+            self._token = TokenEntropyStats.per_response(at_theta, plus, minus)
         for estimator, per_prompt in dots.items():
             # by backward: this rank's shard sums, whose sum over ranks is per prompt index the mean over ranks
             if self._by_backward:
@@ -423,6 +474,13 @@ class ForecastRun:
             if math.isfinite(se):
                 self._metrics[f"{PREFIX}deltaH1_se/{estimator}"] = se
         return grad_norm
+
+    def _token_change(self, after: TeacherForced) -> torch.Tensor:
+        """Per unit of ``self._token``, E's summed token entropy after the whole update minus at θ."""
+        _, h_after = response_sums(after)
+        if not self._by_backward:
+            return h_after.flatten() - self._token.h_before
+        return _sum_over_ranks(h_after.sum(-1)) - self._token.h_before
 
     def around(self, update: Callable[[], T]) -> tuple[T, dict[str, float]]:
         """Run ``update()`` (verl's update of the actor; it must call the optimizer step the ``ActorView`` names,
@@ -446,10 +504,16 @@ class ForecastRun:
         start = time.perf_counter()
         before, budget = self._stats["before"], self._budget
         first_step, first_step_se, h_before = realised_change(before, self._stats["first_step"], budget)
+        self._ess_min = _min_over_ranks(importance_weighted_entropies(*before, *self._stats["first_step"])[2].min())
         change, change_se = first_step, first_step_se  # one optimizer step: the whole update is the first step
+        token_after = None  # per unit, E's summed token entropy change after the whole update
         if self._steps > 1:
-            after = sequence_sums(token_values(self._first, self._E, self._mb_prompts))
+            after_values = token_values(self._first, self._E, self._mb_prompts)
+            after = sequence_sums(after_values)
             change, change_se, _ = realised_change(before, after, budget)
+            token_after = self._token_change(after_values)
+            if self._record is not None:
+                self._record["after"] = values(after_values)
         probe_s = self._probe_s + self._setup_s + time.perf_counter() - start
         metrics = self._metrics
         metrics[PREFIX + "deltaH_realised"] = change
@@ -458,6 +522,9 @@ class ForecastRun:
             metrics[PREFIX + "deltaH_realised_se"] = change_se
             metrics[PREFIX + "deltaH_realised_first_step_se"] = first_step_se
         metrics[PREFIX + "H_before"] = h_before
+        metrics[PREFIX + "deltaH_realised_ess_min"] = self._ess_min
+        reduce = _sum_over_ranks if not self._by_backward else (lambda t: t)  # by backward: already every rank's
+        metrics.update(self._token.metrics(TOKEN_PREFIX, token_after, reduce))
         metrics[PREFIX + "optimizer_steps"] = float(self._steps)
         metrics[PREFIX + "eval_prompts"] = float(self._prompts.total - self._prompts.left_out)
         metrics[PREFIX + "sample_s"] = self._sample_s
@@ -465,4 +532,6 @@ class ForecastRun:
         metrics[PROBE_TIMING] = probe_s
         metrics[PREFIX + "cost_ratio"] = probe_s / update_s if update_s > 0 else float("nan")
         metrics.update(self._warning.observe(metrics, log=world()[0] == 0))  # the same on every rank; rank 0 logs
+        if self._record is not None:
+            write_record(self._record_dir, self._call, world()[0], {**self._record, "metrics": dict(metrics)})
         return metrics

@@ -17,10 +17,14 @@ the actor worker holds the whole ``actor_rollout_ref`` section, so it reads the 
                              forwards when the actor computes in float32, backward passes below it, e.g. bf16 mixed
                              precision), ``central_difference`` (refused below float32) or ``backward``
     probe: dict              a partial probe config (``treetune_verl/probe/config/probe.yaml``: ``estimator.*``,
-                             ``probe.buffers_dtype``...), merged and validated by the probe's ``resolve_config``
-    early_warning: dict      the projection and warnings (``early_warning.py``): ``floor`` (nats per budget token,
-                             0.1), ``horizon`` (steps, 100), ``window`` (forecasts in the rate, 3), ``z`` (2.0),
+                             ``probe.buffers_dtype``...), merged over ``PROBE_DEFAULTS`` (the RB baseline ``none``)
+                             and validated by the probe's ``resolve_config``
+    early_warning: dict      the collapse and disagreement warnings (``early_warning.py``): ``fraction`` (0.5) of
+                             the token entropy reached within ``horizon`` (20) training steps at the forecast rate,
+                             ``window`` (1) forecasts averaged, the first ``skip`` (1) ignored, ``z`` (2.0),
                              ``consecutive`` (3)
+    record_dir: str | None   a folder for one file per forecast with E's per-token values (``record.py``): studies
+                             recompute estimators from them; null (default) writes nothing
 
 A section that is absent or null turns the forecast off; anything else wrong raises ``ValueError`` naming the key.
 E is sampled by the rollout's sglang servers beside the step's rollout when our manager runs it (``rollout_eval.py``),
@@ -46,7 +50,13 @@ from treetune_verl.probe.config import resolve_config
 SECTION = "actor_rollout_ref.rollout.custom.entropy_forecast"
 ESTIMATORS = ("naive", "rb_residual")
 METHODS = ("auto", "central_difference", "backward")
-_KEYS = {"every", "estimators", "eval_share", "seed", "method", "probe", "early_warning"}
+# The forecast's defaults over the probe's (``probe/config/probe.yaml``): the Rao-Blackwellised estimator's baseline
+# b_j = H_j (``none``), not the probe's running positional mean (``residual_mu``). On a collapsing SmolLM2 run
+# (response lengths 47 -> 5 tokens in 10 steps) the running mean lagged the responses it met: rb_residual's standard
+# error over E's prompts was 0.28 nats per budget token with it, 0.046 without (treetune_specs/2026-11-28-forecast-
+# calibration.md). A ``probe`` setting is merged over these.
+PROBE_DEFAULTS = {"estimator": {"baseline": {"mode": "none"}}}
+_KEYS = {"every", "estimators", "eval_share", "seed", "method", "probe", "early_warning", "record_dir"}
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,7 @@ class ForecastSettings:
     method: str = "auto"
     probe: dict[str, Any] = field(default_factory=dict)
     early_warning: WarningSettings = field(default_factory=WarningSettings)
+    record_dir: str | None = None
 
     def eval_uids(self, uids: list[str]) -> list[str]:
         """E's prompts among a step's distinct ``uids``: the first ⌈eval_share · B⌉ in sorted order."""
@@ -67,6 +78,7 @@ class ForecastSettings:
     def probe_config(self, estimator: str, temperature: float) -> DictConfig:
         """The probe's resolved config for one X estimator under the actor's policy (temperature, top-p = 1)."""
         overrides = OmegaConf.merge(
+            OmegaConf.create(PROBE_DEFAULTS),
             OmegaConf.create(self.probe),
             {"generation": {"temperature": temperature, "top_p": 1.0}},
             {"estimator": {"x_estimator_mode": estimator}, "probe": {"preconditioner": "optimizer"}},
@@ -131,8 +143,11 @@ def forecast_settings(rollout_config: Any) -> ForecastSettings | None:
     if not isinstance(probe, Mapping):
         raise ValueError(f"{SECTION}.probe must be a mapping (a partial probe config), got {probe!r}")
     early_warning = warning_settings(_plain(section.get("early_warning")), f"{SECTION}.early_warning")
+    record_dir = section.get("record_dir")
+    if record_dir is not None and (not isinstance(record_dir, str) or not record_dir):
+        raise ValueError(f"{SECTION}.record_dir must be a non-empty path or null, got {record_dir!r}")
     settings = ForecastSettings(
-        int(every), tuple(estimators), float(eval_share), int(seed), str(method), dict(probe), early_warning
+        int(every), tuple(estimators), float(eval_share), int(seed), str(method), dict(probe), early_warning, record_dir
     )
     for estimator in settings.estimators:
         try:

@@ -5,11 +5,10 @@
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 
 import pytest
 
+from treetune_tests.headless_browser import needs_chromium, probed_dom
 from treetune_verl.analysis.__main__ import main
 from treetune_verl.analysis.pipeline import analyse
 from treetune_verl.analysis.stats import compute_stats
@@ -75,37 +74,14 @@ def test_output_dir_and_jsonl_give_the_same_stats(tmp_path, capsys):
         main([str(tmp_path)])
 
 
-def _chromium() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-
-
-@pytest.mark.skipif(_chromium() is None, reason="no chromium binary (apt-get install chromium; make setup does)")
+@needs_chromium
 def test_report_opens_in_headless_chromium_with_every_image(tmp_path):
     """Chromium loads report.html from disk; a script appended to a copy counts the images that decoded
     (naturalWidth > 0) and the heat-map legend, and writes the counts into the DOM that --dump-dom prints."""
     analyse(_generation_dir(tmp_path / "gen"))
-    out = tmp_path / "gen" / "analysis"
-    page = (out / "report.html").read_text()
-    probe = (
-        "<script>window.addEventListener('load', () => { const ok = [...document.images].filter("
-        "i => i.complete && i.naturalWidth > 0).length; document.body.setAttribute('data-probe', "
-        "`images=${document.images.length} loaded=${ok} legends=${document.querySelectorAll('.legend').length} "
-        "tokens=${document.querySelectorAll('pre.heat span').length}`); });</script>"
-    )
-    (out / "probe.html").write_text(page.replace("</body>", probe + "</body>"))
-    result = subprocess.run(
-        [
-            _chromium(),
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--allow-file-access-from-files",
-            "--virtual-time-budget=5000",
-            "--dump-dom",
-            (out / "probe.html").as_uri(),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    result = probed_dom(
+        tmp_path / "gen" / "analysis" / "report.html",
+        "images=${document.images.length} loaded=${ok} legends=${document.querySelectorAll('.legend').length} "
+        "tokens=${document.querySelectorAll('pre.heat span').length}",
     )
     assert 'data-probe="images=4 loaded=4 legends=1 tokens=10"' in result.stdout, result.stderr[-2000:]

@@ -1,8 +1,9 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""The forecast tests' independent reference: the realised entropy change of E's sampled responses from plain HF
-forwards (log-softmax, per-token entropies, importance weights and the leave-one-out control variate written out
-here: no product code), and E's probe batches read back as token lists."""
+"""The forecast tests' independent reference, from plain HF forwards with log-softmax, per-token entropies and every
+estimator written out here (no product code): ⟨X_b, Δθ⟩ of the probe's estimators and the tangent of E's token
+entropy by autograd at θ; the realised change of E's token entropy at its states and the importance-weighted
+realised change of its sequence entropy; and E's probe batches read back as token lists."""
 
 from __future__ import annotations
 
@@ -10,9 +11,7 @@ import math
 
 import torch
 
-from treetune_verl.forecast.settings import ForecastSettings
 from treetune_verl.probe.batch import make_probe_batch
-from treetune_verl.probe.components import ProbeComponents
 
 
 def full_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -23,21 +22,97 @@ def full_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     }
 
 
+def _token_values(model: torch.nn.Module, prompt: list[int], response: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per response token, (log π(y_k | s_k), H(π(·|s_k))) ``[L]`` float64 from one HF forward at T = 1 (with the
+    model's graph when grad is enabled)."""
+    ids = torch.tensor([prompt + response])
+    logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].double()  # the positions predicting y
+    log_p = torch.log_softmax(logits, dim=-1)
+    return log_p.gather(-1, torch.tensor(response)[:, None])[:, 0], -(log_p.exp() * log_p).sum(-1)
+
+
+def _surrogates(model: torch.nn.Module, prompt: list[int], group: list[list[int]], budget: int) -> dict:
+    """The X surrogates of one prompt, written from their definitions (``probe/estimators.py``'s docstring) with the
+    settings the forecast tests use: L_max = ``budget``, the naive estimator's dr_grpo weighting S / L_max with a
+    leave-one-out baseline, Rao-Blackwellised with b_j = H_j (baseline ``none``), normalised by L_max; and the summed
+    token entropy Σ_k H_k of each response g at E's states (key ``("token", g)``)."""
+    values = [_token_values(model, prompt, y) for y in group]
+    G = len(group)
+    S = torch.stack([lp.sum() for lp, _ in values])
+    weighted = S.detach() / budget
+    loo = (weighted.sum() - weighted) / (G - 1)
+    naive = -((weighted - loo) * S).mean()
+    rb = []
+    for lp, h in values:
+        later = h.detach().flip(0).cumsum(0).flip(0) - h.detach()  # Σ_{k>j} H_k
+        rb.append((later * lp).sum() + h.sum())
+    out = {"naive": naive, "rb_residual": torch.stack(rb).mean() / budget}
+    return out | {("token", g): h.sum() for g, (_, h) in enumerate(values)}
+
+
 def directional_reference(
-    model: torch.nn.Module, E: dict[str, torch.Tensor], step: dict[str, torch.Tensor], settings: ForecastSettings
+    model: torch.nn.Module, E: dict[str, torch.Tensor], step: dict[str, torch.Tensor], budget: int
 ) -> dict[str, float]:
-    """⟨X_b, Δθ⟩ per prompt b of E (X from the probe's backward passes on ``model`` at θ, T = 1; ``step`` = Δθ by
-    parameter name, float64): per estimator the mean ``deltaH1/<e>`` and its standard error ``deltaH1_se/<e>``."""
+    """Per prompt b of E, ⟨X_b, Δθ⟩ by autograd of the surrogates on ``model`` at θ (T = 1; ``step`` = Δθ by parameter
+    name, float64): per estimator the mean ``deltaH1/<e>`` and its standard error ``deltaH1_se/<e>``; and
+    ``token_tangent`` ``[B][G]``, ⟨∇ Σ_k H_k, Δθ⟩ of each response at E's states."""
+    names = [n for n, p in model.named_parameters() if p.requires_grad and n in step]
+    params = [p for n, p in model.named_parameters() if p.requires_grad and n in step]
+    dots: dict = {"naive": [], "rb_residual": [], "token": []}
+    prompts, responses = token_lists([E])
+    for prompt, group in zip(prompts, responses, strict=True):
+        dots["token"].append([])
+        for key, loss in _surrogates(model.train(), prompt, group, budget).items():
+            grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+            dot = sum(float((g.double() * step[n]).sum()) for n, g in zip(names, grads, strict=True) if g is not None)
+            (dots["token"][-1] if isinstance(key, tuple) else dots[key]).append(dot)
     out = {}
-    for estimator in settings.estimators:
-        components = ProbeComponents(model, settings.probe_config(estimator, 1.0))
-        dots = []
-        for i in range(E["sequences"].shape[0]):
-            buffer, _ = components.accumulate_sum_X({k: v[i : i + 1] for k, v in E.items()}, 1)
-            dots.append(ProbeComponents.dot_param_buffers({n: buffer[n].double() for n in step}, step))
-        values = torch.tensor(dots, dtype=torch.float64)
+    for estimator in ("naive", "rb_residual"):
+        values = torch.tensor(dots[estimator], dtype=torch.float64)
         out[f"deltaH1/{estimator}"] = float(values.mean())
         out[f"deltaH1_se/{estimator}"] = float(values.std() / math.sqrt(len(values)))
+    out["token_tangent"] = dots["token"]
+    return out
+
+
+def pooled_ratio(numerators: list[float], counts: list[float]) -> tuple[float, float]:
+    """Σx / Σc over units and its delta-method standard error, sqrt(Σ(x − r c)² / (n (n − 1))) / mean(c)."""
+    x, c = torch.tensor(numerators, dtype=torch.float64), torch.tensor(counts, dtype=torch.float64)
+    r, n = float(x.sum() / c.sum()), len(x)
+    return r, math.sqrt(float(((x - r * c) ** 2).sum()) / (n * (n - 1))) / float(c.mean())
+
+
+@torch.no_grad()
+def token_entropy_reference(
+    before: torch.nn.Module,
+    after: torch.nn.Module,
+    E: dict[str, torch.Tensor],
+    tangent: list[list[float]],
+    units: list[list[tuple[int, int]]] | None = None,
+) -> dict[str, float]:
+    """E's token entropy before, its change at E's states after the step, and the forecast ``tangent`` (per response,
+    from :func:`directional_reference`), pooled per token with standard errors over ``units`` (lists of (prompt,
+    response) pairs summed into one unit; default: each response its own), and ``error_se``, the standard error of the
+    paired difference realised − forecast."""
+    prompts, responses = token_lists([E])
+    tokens, h0, h1 = {}, {}, {}
+    for b, (prompt, group) in enumerate(zip(prompts, responses, strict=True)):
+        for g, y in enumerate(group):
+            tokens[b, g] = float(len(y))
+            h0[b, g] = float(_token_values(before.eval(), prompt, y)[1].sum())
+            h1[b, g] = float(_token_values(after.eval(), prompt, y)[1].sum())
+    units = units or [[key] for key in tokens]
+
+    def summed(values) -> list[float]:
+        return [sum(values[key] for key in unit) for unit in units]
+
+    forecast = {(b, g): tangent[b][g] for b, g in tokens}
+    change = {key: h1[key] - h0[key] for key in tokens}
+    out = {"H_before": pooled_ratio(summed(h0), summed(tokens))[0]}
+    out["deltaH1"], out["deltaH1_se"] = pooled_ratio(summed(forecast), summed(tokens))
+    out["deltaH_realised"], out["deltaH_realised_se"] = pooled_ratio(summed(change), summed(tokens))
+    error = {key: change[key] - forecast[key] for key in tokens}
+    out["error_se"] = pooled_ratio(summed(error), summed(tokens))[1]
     return out
 
 

@@ -5,10 +5,11 @@
 Real: verl's actor (mini-batches, PPO loss, clipping in ``_optimizer_step``, AdamW with weight decay and a state from
 an earlier real update), torch's FSDP2 (``fully_shard``) over one and two gloo ranks. The reference is computed on a
 plain copy of the model with the real step's Δθ = θ′ − θ read from the weights (not the forecast's dry-run), on the
-E the forecast sampled (every rank's share, rebuilt with ``make_probe_batch``): X per prompt from the probe's
-backward passes (exact, where the forecast takes central differences of forwards), and the realised change from an
-HF forward of each sampled sequence before and after that step, with the importance-weighted estimate written out
-here (log-softmax, per-token entropies, weights and the leave-one-out control variate: no product code); two ranks,
+E the forecast sampled (every rank's share, rebuilt with ``make_probe_batch``), all of it written out in
+``reference.py`` on HF forwards (log-softmax, per-token entropies, the estimators' surrogates, importance weights and
+the leave-one-out control variate: no product code): ⟨X_b, Δθ⟩ per prompt and the tangent of E's token entropy by
+autograd at θ (exact, where the forecast takes central differences of forwards), the realised change of E's token
+entropy at its states and the importance-weighted realised change of its sequence entropy after that step; two ranks,
 whose rows split every group, too. E either sampled by the forecast in the actor or given as the rollout hands it over
 (``meta_info[FORECAST_EVAL_META_KEY]``, responses fixed here): the same reference, read from the E the forecast used.
 """
@@ -36,6 +37,7 @@ from treetune_tests.treetune_verl.forecast.reference import (
     full_parameters,
     joined,
     realised_change,
+    token_entropy_reference,
     token_lists,
 )
 from treetune_verl.batch_keys import FORECAST_EVAL_META_KEY
@@ -200,8 +202,9 @@ def _ranks(
     return [torch.load(tmp_path / f"rank{rank}.pt", weights_only=False) for rank in range(world)]
 
 
-def _reference(E: dict[str, torch.Tensor], E_batches: list[dict[str, torch.Tensor]]) -> dict[str, float]:
-    """Plain model, verl's actor without FSDP: the real step's Δθ, X per prompt of E from the probe, realised change."""
+def _reference(E: dict[str, torch.Tensor], E_batches: list[dict[str, torch.Tensor]], units=None) -> dict[str, float]:
+    """Plain model, verl's actor without FSDP: the real step's Δθ, ⟨X_b, Δθ⟩ and the token-entropy tangent per prompt
+    of E by autograd of surrogates written in ``reference.py``, the realised changes from HF forwards."""
     model = _model().train()
     actor = DataParallelPPOActor(_config(GROUPS * N), model, _optimizer(model))
     update = original_of(DataParallelPPOActor.update_policy)
@@ -212,7 +215,8 @@ def _reference(E: dict[str, torch.Tensor], E_batches: list[dict[str, torch.Tenso
     update(actor, data)
     step = {n: p.detach().double() - before[n].double() for n, p in model.named_parameters()}
     out = {"step_norm": math.sqrt(sum(float(t.pow(2).sum()) for t in step.values()))}
-    out |= directional_reference(probe_model, E, step, SETTINGS)
+    out |= directional_reference(probe_model, E, step, RESPONSE)
+    out["token"] = token_entropy_reference(probe_model, model, E, out.pop("token_tangent"), units)
     per_prompt = realised_change(probe_model, model, *token_lists(E_batches), RESPONSE)
     out["deltaH_realised"] = float(per_prompt.mean())
     out["deltaH_realised_se"] = float(per_prompt.std() / math.sqrt(len(per_prompt)))
@@ -248,7 +252,14 @@ def test_fsdp2_forecast_matches_the_plain_reference(tmp_path, world, method, giv
             [[r.tolist() for r in rollout.response_ids[b]] for b in order],
         )
         assert all(result["metrics"]["probe/sample_s"] == 0.0 for result in results)
-    reference = _with_rank_zero(_reference, E, E_batches)
+    # the token entropy's units: each response (central differences), each prompt index summed over the ranks (backward)
+    per_rank = GROUPS // world
+    units = (
+        None
+        if method == "central_difference"
+        else [[(rank * per_rank + b, g) for rank in range(world) for g in range(N)] for b in range(per_rank)]
+    )
+    reference = _with_rank_zero(_reference, E, E_batches, units)
     for result in results:
         metrics = result["metrics"]
         assert metrics["probe/optimizer_steps"] == 1 and metrics["probe/eval_prompts"] == GROUPS
@@ -265,6 +276,17 @@ def test_fsdp2_forecast_matches_the_plain_reference(tmp_path, world, method, giv
         assert metrics["probe/deltaH_realised"] == pytest.approx(reference["deltaH_realised"], rel=1e-3, abs=1e-7)
         assert metrics["probe/deltaH_realised_se"] == pytest.approx(reference["deltaH_realised_se"], rel=1e-3)
         assert metrics["probe/deltaH_realised_first_step"] == metrics["probe/deltaH_realised"]
+        token = reference["token"]
+        for key, value in token.items():  # E's token entropy: tangent, realised at E's states, standard errors
+            # abs: float32 forwards round each entropy (~3.4 nats here) to ~4e-7, and the step moves it by ~2e-5;
+            # error_se is of realised − forecast, a second-order quantity, where the central difference's own
+            # O(|Δθ|³) error is a few per cent (5.5 % seen on verl 0.9.1's test)
+            rel = 0.1 if key == "error_se" else 2e-3
+            assert metrics[f"probe/token/{key}"] == pytest.approx(value, rel=rel, abs=5e-7), key
+        assert metrics["probe/token/deltaH_realised_first_step"] == metrics["probe/token/deltaH_realised"]
+        # the early warning reads the token forecast: its relative rate per training step (one optimizer step)
+        rate = metrics["probe/token/deltaH1"] / metrics["probe/token/H_before"]
+        assert metrics["probe/warning/rate"] == pytest.approx(rate, rel=1e-12)
         assert metrics["timing_s/probe"] > 0 and metrics["probe/update_s"] > 0
         assert "actor/pg_loss" in result["verl"]  # verl's own metrics pass through
     if world == 2:  # the metrics the trainer averages over ranks are the same on both
@@ -286,3 +308,59 @@ def test_two_optimizer_steps_train_exactly_as_without_the_forecast(tmp_path, wor
         assert math.isfinite(first) and math.isfinite(whole) and first != whole
         assert result["real_step_norm"] > metrics["probe/step_norm"] > 0  # the forecast is of the first step only
         assert result["max_diff_to_plain"] == 0.0
+
+
+def _sharpening_data(seed: int) -> DataProto:
+    """``_data`` with every positively rewarded response made of one token (5): each update raises its probability
+    at every state, so the policy's entropy falls update after update."""
+    data = _data(seed)
+    positive = data.batch["advantages"][:, 0] > 0
+    sharp = torch.where(data.batch["response_mask"].bool(), 5, 0)
+    data.batch["responses"][positive] = sharp[positive]
+    data.batch["input_ids"][positive, PROMPT:] = sharp[positive]
+    return data
+
+
+def _updates_with_warnings(store: str, lr: float, updates: int) -> list[dict[str, float]]:
+    """One gloo rank, verl's actor on the FSDP2-wrapped tiny model: ``updates`` forecast updates in a row on
+    sharpening batches, one ``ForecastState`` across them (E sampled in the actor each time); every update's metrics."""
+    from torch.distributed.fsdp import fully_shard
+
+    timeout = datetime.timedelta(seconds=120)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1, timeout=timeout)
+    try:
+        model = _model().train()
+        for layer in model.model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+        actor = DataParallelPPOActor(_config(GROUPS * N), model, optimizer)
+        update, state, seen = original_of(DataParallelPPOActor.update_policy), ForecastState(), []
+        for k in range(updates):
+            data = _sharpening_data(seed=10 + k)
+            _, metrics = ForecastRun.from_dp_actor(actor, data, SETTINGS, state, N, [1]).around(
+                lambda data=data: _with_rank_zero(update, actor, data)
+            )
+            seen.append(metrics)
+        return seen
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_early_warning_reads_the_token_forecast_and_warns_before_entropy_halves(tmp_path):
+    """The path forecast -> early warning on a real run of updates: verl's actor sharpening its policy at lr 2e-2
+    warns (from the second forecast on: the first is skipped), and at its first warning E's token entropy is still
+    above half of the first forecast's; the rate it reports is the token forecast's relative rate. Negative
+    control: the same updates at lr 1e-6 never warn."""
+    sharpening = _updates_with_warnings(str(tmp_path / "a"), lr=2e-2, updates=8)
+    entropy = [m["probe/token/H_before"] for m in sharpening]
+    assert entropy[-1] < 0.5 * entropy[0], entropy  # the run collapses
+    warned = [i for i, m in enumerate(sharpening) if m["probe/warning/collapse"] == 1.0]
+    assert warned and warned[0] >= 1 and entropy[warned[0]] > 0.5 * entropy[0], (warned, entropy)
+    for m in sharpening:
+        rate = m["probe/token/deltaH1"] / m["probe/token/H_before"]  # one optimizer step per update
+        assert m["probe/warning/rate"] == pytest.approx(rate, rel=1e-12)
+    assert sharpening[0]["probe/warning/collapse"] == 0.0  # skipped, however steep
+    quiet = _updates_with_warnings(str(tmp_path / "b"), lr=1e-6, updates=8)
+    assert all(m["probe/warning/collapse"] == 0.0 for m in quiet), [m["probe/warning/rate"] for m in quiet]
+    assert max(abs(m["probe/warning/rate"]) for m in quiet) < 1e-3

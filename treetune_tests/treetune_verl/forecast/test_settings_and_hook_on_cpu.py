@@ -6,7 +6,6 @@ step counter), E's prompts from a ``DataProto``, and the PNG plot."""
 
 from __future__ import annotations
 
-import json
 import os
 from types import SimpleNamespace
 
@@ -21,7 +20,6 @@ from verl.workers.actor import dp_actor
 from verl.workers.fsdp_workers import ActorRolloutRefWorker
 
 from treetune_verl.forecast import live
-from treetune_verl.forecast.plot import plot_forecast, read_forecasts
 from treetune_verl.forecast.settings import SECTION, ForecastSettings, forecast_settings
 from treetune_verl.forecast.verl_batch import eval_prompts, prompts_by_uid
 from treetune_verl.patching import is_patched, original_of
@@ -65,6 +63,8 @@ def test_block_composes_alone_and_after_the_rollout_entropy_block():
         ({"method": "forward"}, "method"),
         ({"probe": {"probe": {"buffers_dtype": "int8"}}}, "probe"),
         ({"probe": {"no_such": 1}}, "probe"),
+        ({"record_dir": ""}, "record_dir"),
+        ({"record_dir": 3}, "record_dir"),
         ({"evry": 2}, "unknown keys"),
     ],
 )
@@ -87,7 +87,7 @@ def test_probe_settings_reach_the_probe_config():
             {
                 "custom": {
                     "entropy_forecast": {
-                        "probe": {"estimator": {"baseline": {"mode": "none"}}, "generation": {"top_p": 0.9}}
+                        "probe": {"estimator": {"baseline": {"mode": "loo"}}, "generation": {"top_p": 0.9}}
                     }
                 }
             }
@@ -95,7 +95,11 @@ def test_probe_settings_reach_the_probe_config():
     )
     config = settings.probe_config("naive", 0.7)
     assert config.generation.temperature == 0.7 and config.generation.top_p == 1.0  # the actor's policy wins
-    assert config.estimator.x_estimator_mode == "naive" and config.estimator.baseline.mode == "none"
+    assert config.estimator.x_estimator_mode == "naive" and config.estimator.baseline.mode == "loo"
+    # the forecast's default RB baseline is b_j = H_j (none), kept under a probe setting that names other keys
+    assert ForecastSettings().probe_config("rb_residual", 1.0).estimator.baseline.mode == "none"
+    other = ForecastSettings(probe={"probe": {"buffers_dtype": "float64"}}).probe_config("rb_residual", 1.0)
+    assert other.estimator.baseline.mode == "none" and other.probe.buffers_dtype == "float64"
 
 
 SEAMS = [
@@ -238,33 +242,6 @@ def test_fsdp1_is_refused():
     model = FullyShardedDataParallel.__new__(FullyShardedDataParallel)
     with pytest.raises(NotImplementedError, match="strategy=fsdp2"):
         live._check_model(model)
-
-
-def test_plot_of_the_probed_steps(tmp_path):
-    records = [
-        {
-            "step": 1,
-            "data": {
-                "probe/deltaH1/naive": -0.01,
-                "probe/deltaH1_se/naive": 0.002,
-                "probe/deltaH1/rb_residual": -0.012,
-                "probe/deltaH_realised": -0.011,
-            },
-        },
-        {"step": 2, "data": {"actor/pg_loss": 0.1}},
-        {
-            "step": 3,
-            "data": {"probe/deltaH1/naive": 0.02, "probe/deltaH1/rb_residual": 0.015, "probe/deltaH_realised": 0.018},
-        },
-    ]
-    metrics = tmp_path / "metrics.jsonl"
-    metrics.write_text("\n".join(json.dumps(r) for r in records) + "\n")
-    assert [s["step"] for s in read_forecasts(metrics)] == [1, 3]
-    png = plot_forecast(metrics)
-    assert png == tmp_path / "entropy_forecast.png" and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    metrics.write_text(json.dumps(records[1]) + "\n")
-    with pytest.raises(ValueError, match="no step"):
-        plot_forecast(metrics)
 
 
 @pytest.mark.parametrize(

@@ -13,9 +13,10 @@ as our ``_update_actor`` seam puts it into ``extra_info`` (responses from a gene
 rank forecasts with its share (uids ``rank, rank + W, ...``).
 
 The reference is computed here on a plain HF copy of the model with the real step Δθ = θ′ − θ read from the worker's
-weights: X per prompt of the E the forecast used from the probe's backward passes (exact, where the forecast takes
-central differences of forwards), and the realised change from HF forwards of each sampled sequence at θ and θ′ with
-the importance-weighted estimate written out in ``forecast/reference.py`` (no product code).
+weights: ⟨X_b, Δθ⟩ per prompt of the E the forecast used and the tangent of E's token entropy, by autograd of the
+surrogates written out in ``forecast/reference.py`` (exact, where the forecast takes central differences of
+forwards; no product code), the realised change of E's token entropy at its states and the importance-weighted
+realised change of its sequence entropy from HF forwards at θ and θ′.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from treetune_tests.treetune_verl.forecast.reference import (
     full_parameters,
     joined,
     realised_change,
+    token_entropy_reference,
     token_lists,
 )
 from treetune_tests.treetune_verl.trainer.v0_9_1.engine_actor import (
@@ -136,12 +138,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _reference(model_path: str, before: dict, after: dict, E: dict[str, torch.Tensor]) -> dict[str, float]:
-    """X per prompt of E from the probe on a plain HF model at θ, dotted with Δθ = θ′ − θ; the realised change from
-    HF forwards at θ and θ′."""
+def _reference(model_path: str, before: dict, after: dict, E: dict[str, torch.Tensor], units=None) -> dict[str, float]:
+    """⟨X_b, Δθ⟩ and the token-entropy tangent per prompt of E by autograd of the surrogates written in
+    ``reference.py`` on a plain HF model at θ, Δθ = θ′ − θ; the realised changes from HF forwards at θ and θ′."""
     from transformers import AutoModelForCausalLM
-
-    from treetune_verl.forecast.settings import ForecastSettings
 
     def model_at(weights):
         model = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32, attn_implementation="sdpa")
@@ -149,12 +149,12 @@ def _reference(model_path: str, before: dict, after: dict, E: dict[str, torch.Te
         assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)  # tied embeddings
         return model.train()
 
-    settings = ForecastSettings(eval_share=1.0, probe=FORECAST["probe"])
     step = {n: after[n].double() - before[n].double() for n in before}
     out = {"step_norm": math.sqrt(sum(float(t.pow(2).sum()) for t in step.values()))}
-    at_theta = model_at(before)
-    out |= directional_reference(at_theta, E, step, settings)
-    per_prompt = realised_change(at_theta, model_at(after), *token_lists([E]), RESPONSE)
+    at_theta, at_theta_prime = model_at(before), model_at(after)
+    out |= directional_reference(at_theta, E, step, RESPONSE)  # baseline none, as FORECAST["probe"] sets
+    out["token"] = token_entropy_reference(at_theta, at_theta_prime, E, out.pop("token_tangent"), units)
+    per_prompt = realised_change(at_theta, at_theta_prime, *token_lists([E]), RESPONSE)
     out["deltaH_realised"] = float(per_prompt.mean())
     out["deltaH_realised_se"] = float(per_prompt.std() / math.sqrt(len(per_prompt)))
     return out
@@ -180,7 +180,14 @@ def test_engine_worker_forecast_matches_the_plain_reference(tiny_model_dir, tmp_
             [rollout.prompt_ids[b].tolist() for b in order],
             [[r.tolist() for r in rollout.response_ids[b]] for b in order],
         )
-    reference = _reference(str(tiny_model_dir), results[0]["before"], results[0]["after"], E)
+    # the token entropy's units: each response (central differences), each prompt index summed over the ranks (backward)
+    per_rank = GROUPS // world
+    units = (
+        None
+        if method == "central_difference"
+        else [[(rank * per_rank + b, g) for rank in range(world) for g in range(N)] for b in range(per_rank)]
+    )
+    reference = _reference(str(tiny_model_dir), results[0]["before"], results[0]["after"], E, units)
     reported = [result["metrics"] for result in results if result["metrics"] is not None]
     assert reported, "no rank returned verl's metrics"
     for metrics in reported:
@@ -194,6 +201,11 @@ def test_engine_worker_forecast_matches_the_plain_reference(tiny_model_dir, tmp_
             assert metrics[f"probe/deltaH1_se/{estimator}"] > 0
         assert metrics["probe/deltaH_realised"] == pytest.approx(reference["deltaH_realised"], rel=1e-3, abs=1e-7)
         assert metrics["probe/deltaH_realised_se"] == pytest.approx(reference["deltaH_realised_se"], rel=1e-3)
+        for key, value in reference["token"].items():  # E's token entropy (tolerances: forecast/test_live_forecast)
+            rel = 0.1 if key == "error_se" else 2e-3
+            assert metrics[f"probe/token/{key}"] == pytest.approx(value, rel=rel, abs=5e-7), key
+        rate = metrics["probe/token/deltaH1"] / metrics["probe/token/H_before"]
+        assert metrics["probe/warning/rate"] == pytest.approx(rate, rel=1e-12)  # the warning reads the token forecast
         assert metrics["timing_s/probe"] > 0 and "actor/pg_loss" in metrics  # verl's own metrics pass through
         assert (metrics["probe/sample_s"] == 0) == (world > 1)  # the rollout's E: nothing sampled in the actor
     print({key: value for key, value in reported[0].items() if "deltaH" in key})

@@ -1,0 +1,147 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""Is the entropy forecast right? Two GRPO runs of verl's own ``main_ppo`` with our blocks on SmolLM2-135M, one whose
+entropy collapses and one whose entropy stays, the forecast at every step, then a report (``make study``).
+
+    make study                                   # both arms, outputs/study/{collapsing,stable}/ and report.html
+    make study STACK=current                     # the same on verl 0.9.1 + sglang 0.5.12
+    python treetune_tests/e2e/forecast_study.py --arms collapsing --collapsing-steps 20 --root outputs/study-b --seed 3
+
+Each arm is ``treetune_tests/e2e/test_entropy_e2e.sh`` (the e2e run: Ray, FSDP2 actor, sglang CPU Engine, the
+rollout-entropy block and ``E2E_FORECAST=1``: the forecast block, every step) with:
+
+- ``collapsing``: AdamW lr 1e-4 (the e2e run's), warmed up over 6 steps, 4 prompts x 2 responses of up to 32 tokens
+  per step: on CPU its rollout entropy falls below half of step 1's within ~12 steps
+  (``treetune_specs/2026-11-28-forecast-calibration.md``);
+- ``stable``: the same at lr 1e-5;
+
+and E = every prompt of the step (``eval_share=1.0``: 4 prompts x 2 fresh responses), ``data.seed`` = ``--seed``
+when given (the prompts' order; verl's default order otherwise) and, with ``--record``, one file per forecast with E's token values (``forecast/record.py``).
+Each arm's step is printed as it lands (rollout entropy, reward, length, forecast ± SE, realised ± SE, warning); the
+report (``treetune_verl.forecast.study_report``) then writes ``report.html`` with its PNGs and ``study.json`` under
+``--root``. The arms run one after the other on the whole machine; an arm that fails stops the study (its output is
+in ``<root>/<arm>/e2e_output.txt``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from treetune_verl.forecast.calibration import read_run
+from treetune_verl.forecast.study_report import write_report
+
+ROOT = Path(__file__).resolve().parents[2]
+E2E_SCRIPT = ROOT / "treetune_tests" / "e2e" / "test_entropy_e2e.sh"
+FORECAST = "actor_rollout_ref.rollout.custom.entropy_forecast"
+ARMS = {"collapsing": 1e-4, "stable": 1e-5}  # AdamW learning rate per arm
+
+
+# Both arms, after the e2e script's settings: a 32-token response budget (the reward's format pays for short answers;
+# steps take ~45 s instead of ~60 s) and a linear learning-rate warm-up over 6 steps (verl's get_constant_schedule_
+# with_warmup: the first optimizer step at lr 0, Adam's moments filled before the steps grow). Without the warm-up,
+# Adam's first step moves every parameter by the learning rate whatever its gradient: at lr 1e-4 and 32 tokens it
+# halved the entropy in that one step, and at 64 tokens runs collapsed, exploded or stayed (2026-11-28 spec).
+COMMON = ["data.max_response_length=32", "actor_rollout_ref.actor.optim.lr_warmup_steps=6"]
+
+
+def arm_overrides(lr: float, seed: int | None, record_dir: Path | None) -> list[str]:
+    """The Hydra overrides of one arm, after the e2e script's own."""
+    overrides = [*COMMON, f"actor_rollout_ref.actor.optim.lr={lr:g}", f"{FORECAST}.eval_share=1.0"]
+    if seed is not None:
+        overrides.append(f"data.seed={seed}")
+    if record_dir is not None:
+        overrides.append(f"+{FORECAST}.record_dir={record_dir}")
+    return overrides
+
+
+def _fmt(value: float, se: float = math.nan) -> str:
+    if not math.isfinite(value):
+        return "-"
+    return f"{value:+.4f}" + (f"±{se:.4f}" if math.isfinite(se) else "")
+
+
+def progress_line(arm: str, step) -> str:
+    """One step of an arm on the console."""
+    return (
+        f"[study {arm}] step {step.step:3d}  rollout entropy {step.rollout_entropy:.3f}  reward {step.reward:.3f}  "
+        f"length {step.response_length:5.1f}  forecast {_fmt(step.forecast, step.forecast_se)}  "
+        f"realised {_fmt(step.realised, step.realised_se)}  {'WARNING' if step.warning else ''}"
+    ).rstrip()
+
+
+def run_arm(arm: str, steps: int, args: argparse.Namespace) -> Path:
+    """Run one arm to its end, printing each step as verl logs it; returns its workdir.
+
+    Raises:
+        RuntimeError: the e2e script failed (the tail of its output in the message).
+    """
+    work = (args.root / arm).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    record = work / "records" if args.record else None
+    env = {
+        **os.environ,
+        "E2E_MODEL": args.model,
+        "E2E_STEPS": str(steps),
+        "E2E_FORECAST": "1",
+        "E2E_WORKDIR": str(work),
+        "PYTHON": sys.executable,
+    }
+    command = ["bash", str(E2E_SCRIPT), *arm_overrides(ARMS[arm], args.seed, record)]
+    metrics, output = work / "metrics.jsonl", work / "e2e_output.txt"
+    seed = "verl's default" if args.seed is None else args.seed
+    print(f"[study {arm}] {args.model}, {steps} steps, lr {ARMS[arm]:g}, data.seed {seed}: {work}", flush=True)
+    start, shown = time.monotonic(), 0
+    with output.open("w") as out:
+        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+        while True:
+            done = process.poll() is not None
+            if metrics.exists():
+                try:
+                    run = read_run(metrics)
+                except ValueError:  # the first line not written yet, or a line being written
+                    run = []
+                for step in run[shown:]:
+                    print(progress_line(arm, step) + f"  ({time.monotonic() - start:.0f} s)", flush=True)
+                shown = max(shown, len(run))
+            if done:
+                break
+            time.sleep(2)
+    if process.returncode != 0:
+        tail = "\n".join(output.read_text().splitlines()[-30:])
+        raise RuntimeError(f"study arm {arm} failed (exit {process.returncode}; {output}):\n{tail}")
+    return work
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--root", type=Path, default=ROOT / "outputs" / "study")
+    parser.add_argument("--arms", default="collapsing,stable", help="comma-separated, of: " + ", ".join(ARMS))
+    parser.add_argument("--collapsing-steps", type=int, default=18)
+    parser.add_argument("--stable-steps", type=int, default=12)
+    parser.add_argument("--model", default="smollm2", choices=("smollm2", "tiny"), help="tiny: the tests' random Qwen2")
+    parser.add_argument("--seed", type=int, default=None, help="data.seed: the order of the prompts (default: verl's)")
+    parser.add_argument("--record", action="store_true", help="one file per forecast with E's token values")
+    parser.add_argument("--report-only", action="store_true", help="rebuild the report from the arms' metrics")
+    args = parser.parse_args(argv)
+    arms = [a for a in args.arms.split(",") if a]
+    unknown = sorted(set(arms) - set(ARMS))
+    if unknown or not arms:
+        parser.error(f"--arms: unknown {unknown or arms} (known: {', '.join(ARMS)})")
+    start = time.monotonic()
+    workdirs = {}
+    for arm in arms:
+        steps = args.collapsing_steps if arm == "collapsing" else args.stable_steps
+        workdirs[arm] = (args.root / arm).resolve() if args.report_only else run_arm(arm, steps, args)
+    report = write_report({arm: work / "metrics.jsonl" for arm, work in workdirs.items()}, args.root)
+    print(f"[study] report: {report} ({time.monotonic() - start:.0f} s in all)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
