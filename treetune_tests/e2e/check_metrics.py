@@ -109,6 +109,9 @@ FORECAST_KEYS = (
     "probe/token/deltaH_realised_first_step_se",
     "probe/token/deltaH_realised",
     "probe/token/error_se",
+    # the forecast exact in the softmax (forecast/softmax_tangent.py; float32 actors, as every CPU e2e run's)
+    "probe/token/deltaH_softmax",
+    "probe/token/softmax_error_se",
     "timing_s/probe",
     "probe/cost_ratio",
     # the early warning (forecast/early_warning.py): the projection and both warnings, every forecast

@@ -17,7 +17,8 @@ rollout-entropy block and ``E2E_FORECAST=1``: the forecast block, every step) wi
 
 and E = every prompt of the step (``eval_share=1.0``: 4 prompts x 2 fresh responses), ``data.seed`` = ``--seed``
 when given (the prompts' order; verl's default order otherwise) and, with ``--record``, one file per forecast with E's token values (``forecast/record.py``).
-Each arm's step is printed as it lands (rollout entropy, reward, length, forecast ± SE, realised ± SE, warning); the
+Each arm's step is printed as it lands (rollout entropy, reward, length, forecast ± SE, the forecast exact in the softmax, realised ± SE,
+warning); the
 report (``treetune_verl.forecast.study_report``) then writes ``report.html`` with its PNGs and ``study.json`` under
 ``--root``. The arms run one after the other on the whole machine; an arm that fails stops the study (its output is
 in ``<root>/<arm>/e2e_output.txt``).
@@ -71,7 +72,8 @@ def progress_line(arm: str, step) -> str:
     return (
         f"[study {arm}] step {step.step:3d}  rollout entropy {step.rollout_entropy:.3f}  reward {step.reward:.3f}  "
         f"length {step.response_length:5.1f}  forecast {_fmt(step.forecast, step.forecast_se)}  "
-        f"realised {_fmt(step.realised, step.realised_se)}  {'WARNING' if step.warning else ''}"
+        f"softmax {_fmt(step.softmax, math.nan)}  realised {_fmt(step.realised, step.realised_se)}  "
+        f"{'WARNING' if step.warning else ''}"
     ).rstrip()
 
 

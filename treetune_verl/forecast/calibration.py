@@ -26,6 +26,10 @@ calibrated forecast is also a precise one); ``median_abs_error``, the median |re
 
 Collapse (``collapse_step``): the first step whose rollout entropy is below ``fraction`` (½) of the first step's; the
 warning's lead is the number of steps from the first collapse warning to it.
+
+The forecast exact in the softmax (``probe/token/deltaH_softmax``, ``softmax_tangent.py``: the logits moved along
+their tangent, the entropy taken exactly) gets the same figures (``softmax_same_states``, ``softmax_held_out``)
+against the same realised changes.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ REALISED, REALISED_SE = TOKEN + "deltaH_realised_first_step", TOKEN + "deltaH_re
 ERROR_SE, H_BEFORE = TOKEN + "error_se", TOKEN + "H_before"
 HOLDOUT_FORECAST, HOLDOUT_REALISED = TOKEN + "holdout/deltaH1", TOKEN + "holdout/deltaH_realised_first_step"
 ON_POLICY = TOKEN + "deltaH1_on_policy"
+SOFTMAX, SOFTMAX_ERROR_SE = TOKEN + "deltaH_softmax", TOKEN + "softmax_error_se"
+HOLDOUT_SOFTMAX = TOKEN + "holdout/deltaH_softmax"
 COLLAPSE_WARNING = "probe/warning/collapse"
 PROBE_S, UPDATE_ACTOR_S, GEN_S = "timing_s/probe", "timing_s/update_actor", "timing_s/gen"
 EVAL_GEN_SHARE = "probe/eval_gen_token_share"
@@ -72,6 +78,11 @@ class Step:
     holdout_realised_se: float = math.nan
     on_policy: float = math.nan
     on_policy_se: float = math.nan
+    softmax: float = math.nan  # the forecast exact in the softmax (softmax_tangent.py)
+    softmax_se: float = math.nan
+    softmax_error_se: float = math.nan
+    holdout_softmax: float = math.nan
+    holdout_softmax_se: float = math.nan
     warning: bool = False
     probe_s: float = math.nan
     update_actor_s: float = math.nan
@@ -123,6 +134,11 @@ def read_run(metrics_jsonl: str | Path) -> list[Step]:
                 holdout_realised_se=_value(data, HOLDOUT_REALISED + "_se"),
                 on_policy=_value(data, ON_POLICY),
                 on_policy_se=_value(data, ON_POLICY + "_se"),
+                softmax=_value(data, SOFTMAX),
+                softmax_se=_value(data, SOFTMAX + "_se"),
+                softmax_error_se=_value(data, SOFTMAX_ERROR_SE),
+                holdout_softmax=_value(data, HOLDOUT_SOFTMAX),
+                holdout_softmax_se=_value(data, HOLDOUT_SOFTMAX + "_se"),
                 warning=_value(data, COLLAPSE_WARNING) >= 1.0,
                 probe_s=_value(data, PROBE_S),
                 update_actor_s=_value(data, UPDATE_ACTOR_S),
@@ -145,17 +161,25 @@ def pearson(xs: list[float], ys: list[float]) -> float:
     return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else math.nan
 
 
-def z_scores(steps: list[Step], kind: str) -> list[float]:
+def z_scores(steps: list[Step], kind: str, forecast: str = "first_order") -> list[float]:
     """(realised − forecast) / its standard error per forecast step: ``combined`` √(SE_f² + SE_r²) or ``paired``
-    (the paired difference's) at the same states, or ``held_out`` (combined, the halves' values)."""
+    (the paired difference's) at the same states, or ``held_out`` (combined, the halves' values); of the
+    ``first_order`` forecast ΔH₁ or the ``softmax`` one."""
+    softmax = forecast == "softmax"
     out = []
     for s in steps:
         if kind == "held_out":
-            difference = s.holdout_realised - s.holdout_forecast
-            se = math.hypot(s.holdout_forecast_se, s.holdout_realised_se)
+            f, f_se = (
+                (s.holdout_softmax, s.holdout_softmax_se) if softmax else (s.holdout_forecast, s.holdout_forecast_se)
+            )
+            difference, se = s.holdout_realised - f, math.hypot(f_se, s.holdout_realised_se)
         else:
-            difference = s.realised - s.forecast
-            se = s.error_se if kind == "paired" else math.hypot(s.forecast_se, s.realised_se)
+            f, f_se = (s.softmax, s.softmax_se) if softmax else (s.forecast, s.forecast_se)
+            difference = s.realised - f
+            if kind == "paired":
+                se = s.softmax_error_se if softmax else s.error_se
+            else:
+                se = math.hypot(f_se, s.realised_se)
         out.append(difference / se if se > 0 else math.nan)
     return out
 
@@ -199,7 +223,8 @@ def collapse_step(steps: list[Step], fraction: float = 0.5) -> int | None:
 def calibration(steps: list[Step]) -> dict:
     """The figures of the module docstring: ``same_states`` (forecast and realised over all of E, the same states;
     with ``coverage_paired``), ``held_out`` (the forecast from half of E's responses, the realised change on the
-    other half: independent samples), and the run's collapse, warnings and cost."""
+    other half: independent samples), the same two of the forecast exact in the softmax (``softmax_same_states``,
+    ``softmax_held_out``: absent for runs without it), and the run's collapse, warnings and cost."""
     probed = [s for s in steps if s.forecast_step]
     same = agreement(
         [s.forecast for s in probed],
@@ -211,6 +236,19 @@ def calibration(steps: list[Step]) -> dict:
     held_out = agreement(
         [s.holdout_forecast for s in probed],
         [s.holdout_forecast_se for s in probed],
+        [s.holdout_realised for s in probed],
+        [s.holdout_realised_se for s in probed],
+    )
+    softmax_same = agreement(
+        [s.softmax for s in probed],
+        [s.softmax_se for s in probed],
+        [s.realised for s in probed],
+        [s.realised_se for s in probed],
+    )
+    softmax_same["coverage_paired"] = _share(z_scores(probed, "paired", "softmax"), lambda v: abs(v) <= 2)
+    softmax_held_out = agreement(
+        [s.holdout_softmax for s in probed],
+        [s.holdout_softmax_se for s in probed],
         [s.holdout_realised for s in probed],
         [s.holdout_realised_se for s in probed],
     )
@@ -229,7 +267,11 @@ def calibration(steps: list[Step]) -> dict:
         "warning_lead": (collapse - first_warning) if collapse is not None and first_warning is not None else None,
         "probe_over_update_actor": median(ratios) if ratios else math.nan,
         "eval_gen_token_share": median(s.eval_gen_share for s in steps) if probed else math.nan,
-    }
+    } | (
+        {"softmax_same_states": softmax_same, "softmax_held_out": softmax_held_out}
+        if softmax_same["forecast_steps"]
+        else {}
+    )
 
 
 def _share(values: list[float], ok) -> float:

@@ -46,20 +46,27 @@ from treetune_verl.probe.teacher_forcing import TeacherForced
 
 
 @torch.no_grad()
-def token_values(components: ProbeComponents, E: dict[str, torch.Tensor], mb_size_prompts: int) -> TeacherForced:
+def token_values(
+    components: ProbeComponents, E: dict[str, torch.Tensor], mb_size_prompts: int, keep_log_probs: bool = False
+) -> TeacherForced:
     """Per-token log-probabilities and entropies of E's responses at the current weights: ``[B, G, R]`` fp64 CPU
     (nats, 0 at padding), in microbatches of ``mb_size_prompts`` prompts, no graph; each prompt computed once for its
-    G responses (``teacher_force``'s ``share_prompt``)."""
-    microbatches = components.teacher_forced_microbatches(E, mb_size_prompts, True, "E_batch", share_prompt=True)
+    G responses (``teacher_force``'s ``share_prompt``). ``keep_log_probs``: with the vocabulary's log-probabilities
+    at E's T response tokens, ``[T, V]`` fp32 CPU (``softmax_tangent.py``)."""
+    microbatches = components.teacher_forced_microbatches(
+        E, mb_size_prompts, True, "E_batch", share_prompt=True, keep_log_probs=keep_log_probs
+    )
     return _joined([tf for _, tf in microbatches])
 
 
 def _joined(parts: list[TeacherForced]) -> TeacherForced:
     """Microbatches' token values joined along the prompt dimension, detached, fp64 on CPU (mask bool)."""
+    kept = [tf.log_probs for tf in parts if tf.log_probs is not None]
     return TeacherForced(
         torch.cat([tf.token_logprobs.detach().double().cpu() for tf in parts]),
         torch.cat([tf.entropies.detach().double().cpu() for tf in parts]),
         torch.cat([tf.response_mask.cpu() for tf in parts]),
+        (kept[0] if len(kept) == 1 else torch.cat(kept)) if kept else None,
     )
 
 

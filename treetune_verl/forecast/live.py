@@ -76,6 +76,7 @@ from treetune_verl.forecast.record import values, write_record
 from treetune_verl.forecast.rollout_eval import EvalResponses
 from treetune_verl.forecast.settings import SECTION, ForecastSettings, forecast_settings
 from treetune_verl.forecast.sharding import is_sharded, reshard
+from treetune_verl.forecast.softmax_tangent import SoftmaxTangent, per_position
 from treetune_verl.forecast.step_weights import WeightsAroundStep
 from treetune_verl.forecast.token_entropy import TokenEntropyStats, response_sums
 from treetune_verl.forecast.verl_batch import EvalPrompts, eval_prompts, prompts_by_uid, rollout_eval_share, world
@@ -434,15 +435,22 @@ class ForecastRun:
         first, E, mb = self._first, self._E, self._mb_prompts
         weights = WeightsAroundStep(first)  # a copy of θ, this rank's shards
         grad_norm = verl_step()
-        plus = token_values(first, E, mb)  # at θ′ = θ + Δθ
+        central = not self._by_backward  # the central difference's forwards also give the forecast exact in the softmax
+        plus = token_values(first, E, mb, keep_log_probs=central)  # at θ′ = θ + Δθ
         try:
             step_sq = torch.tensor([weights.swap()], dtype=torch.float64)  # parameters at θ
             if self._by_backward:
                 dots, at_theta = x_directional_derivatives_by_backward(self._comps, E, weights.step)
             else:
-                at_theta = token_values(first, E, mb)
+                softmax = SoftmaxTangent(plus.log_probs)
+                plus.log_probs = None
+                at_theta = token_values(first, E, mb, keep_log_probs=True)
+                softmax.add_theta(at_theta.log_probs)
+                at_theta.log_probs = None
                 weights.minus_step()
-                minus = token_values(first, E, mb)
+                minus = token_values(first, E, mb, keep_log_probs=True)
+                softmax_change = per_position(softmax.changes(minus.log_probs), at_theta.response_mask)
+                minus.log_probs = None
         finally:
             weights.restore()  # θ′ exactly, as verl's step left it
         if not self._by_backward:
@@ -456,6 +464,7 @@ class ForecastRun:
                     "theta": values(at_theta),
                     "plus": values(plus),
                     "minus": values(minus),
+                    "softmax": {"change": softmax_change.clone()},
                     "coefficients": {e: {"lp": c[0].double(), "H": c[1].double()} for e, c in coefficients.items()},
                 }
         self._metrics[PREFIX + "step_norm"] = float((_sum_over_ranks(step_sq) if self._sharded else step_sq).sqrt())
@@ -463,7 +472,7 @@ class ForecastRun:
         if self._by_backward:
             self._token = _token_stats_by_index(at_theta, plus, dots.pop(PATHWISE))
         else:
-            self._token = TokenEntropyStats.per_response(at_theta, plus, minus)
+            self._token = TokenEntropyStats.per_response(at_theta, plus, minus, softmax_change)
         for estimator, per_prompt in dots.items():
             # by backward: this rank's shard sums, whose sum over ranks is per prompt index the mean over ranks
             if self._by_backward:

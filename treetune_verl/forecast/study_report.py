@@ -47,6 +47,8 @@ RUN_ROWS = (
 TABLE_SECTIONS = (
     ("Forecast vs realised at the same states (all of E)", "same_states", AGREEMENT_ROWS),
     ("Held out: forecast from half of E's responses, realised on the other half", "held_out", AGREEMENT_ROWS),
+    ("Forecast exact in the softmax, at the same states", "softmax_same_states", AGREEMENT_ROWS),
+    ("Forecast exact in the softmax, held out", "softmax_held_out", AGREEMENT_ROWS),
     ("The run", None, RUN_ROWS),
 )
 
@@ -92,6 +94,16 @@ def draw_forecast(ax, arm: str, run: list[Step]) -> None:
         color="tab:orange",
         label="forecast ΔH₁ (before the update) ± 2 SE",
     )
+    softmax = [s for s in probed if math.isfinite(s.softmax)]
+    if softmax:
+        ax.plot(
+            [s.step for s in softmax],
+            [s.softmax for s in softmax],
+            "D",
+            markerfacecolor="none",
+            color="tab:green",
+            label="forecast exact in the softmax",
+        )
     ax.errorbar(
         [s.step + 0.1 for s in probed],
         [s.realised for s in probed],
@@ -205,9 +217,11 @@ def render_html(figures: dict[str, dict], plots: dict[str, Path], base: Path, no
     head = "".join(f"<th>{html.escape(arm)}</th>" for arm in figures)
     rows = ""
     for title, section, table_rows in TABLE_SECTIONS:
+        if section and not any(section in f for f in figures.values()):
+            continue  # e.g. the softmax forecast of runs that did not log it
         rows += f'<tr><th colspan="{len(figures) + 1}" class=section>{html.escape(title)}</th></tr>'
         for key, label, fmt in table_rows:
-            cells = [(f[section] if section else f).get(key) for f in figures.values()]
+            cells = [(f.get(section, {}) if section else f).get(key) for f in figures.values()]
             if all(cell is None for cell in cells):
                 continue
             rows += (
@@ -232,7 +246,10 @@ def render_html(figures: dict[str, dict], plots: dict[str, Path], base: Path, no
         "after that step. z = (realised − forecast) / SE with the combined SE √(SE_f² + SE_r²) or the paired "
         "difference's SE. At the same states forecast and realised share their sampling error, so the combined SE "
         "counts it twice and the paired SE judges the forecast's own (second-order) error; held out, the forecast "
-        "from half of E's responses meets the realised change on the other half: independent samples.</p>"
+        "from half of E's responses meets the realised change on the other half: independent samples. The forecast "
+        "exact in the softmax moves the logits along their tangent (first order in the weights, the information "
+        "of ΔH₁) and takes the entropy exactly: where distributions have become peaked, H is far from linear in "
+        "the logits.</p>"
         f"{notes}<h2>Figures</h2><table><tr><th></th>{head}</tr>{rows}</table><h2>Plots</h2>{images}</body></html>"
     )
 

@@ -105,12 +105,21 @@ class TokenEntropyStats:
     first_step: torch.Tensor
     shift: torch.Tensor | None = None  # the score-function term of the on-policy change (central differences only)
     first_half: torch.Tensor | None = None  # bool: the unit is among the first ⌊G/2⌋ responses of its prompt
+    softmax: torch.Tensor | None = None  # Σ_k H_soft(s_k) − H_θ(s_k), the forecast exact in the softmax
 
     @classmethod
-    def per_response(cls, at_theta: TeacherForced, plus: TeacherForced, minus: TeacherForced) -> TokenEntropyStats:
+    def per_response(
+        cls,
+        at_theta: TeacherForced,
+        plus: TeacherForced,
+        minus: TeacherForced,
+        softmax_change: torch.Tensor | None = None,
+    ) -> TokenEntropyStats:
         """Units = this rank's responses; the tangent by the central difference of the values at θ ± Δθ, and the
-        shift term :func:`shift_term`."""
+        shift term :func:`shift_term`; with ``softmax_change`` (``[B, G, R]`` H_soft − H_θ per token,
+        ``softmax_tangent.py``) the forecast exact in the softmax."""
         tokens, h0 = response_sums(at_theta)
+        mask = at_theta.response_mask.double()
         _, h_plus = response_sums(plus)
         _, h_minus = response_sums(minus)
         tangent_lp = (plus.token_logprobs.double() - minus.token_logprobs.double()) / 2
@@ -122,6 +131,7 @@ class TokenEntropyStats:
             (h_plus - h0).flatten(),
             shift_term(at_theta, tangent_lp).flatten(),
             (torch.arange(G) < G // 2).repeat(B) if G >= 2 else None,
+            None if softmax_change is None else (softmax_change.double() * mask).sum(-1).flatten(),
         )
 
     def metrics(
@@ -132,7 +142,8 @@ class TokenEntropyStats:
         on-policy token entropy (the states' distribution moving too); with halves, ``holdout/deltaH1(_se)`` over
         the first ⌊G/2⌋ responses of every prompt and ``holdout/deltaH_realised_first_step(_se)`` over the others:
         a forecast and a realised change of the same quantity from independent samples, whose combined standard
-        error √(SE_f² + SE_r²) is the right one to judge their agreement by.
+        error √(SE_f² + SE_r²) is the right one to judge their agreement by. With the forecast exact in the softmax,
+        ``deltaH_softmax(_se)``, ``softmax_error_se`` (paired) and ``holdout/deltaH_softmax(_se)`` likewise.
 
         Args:
             whole_update: per unit, the entropy change after the whole update when it took more than one optimizer
@@ -148,18 +159,28 @@ class TokenEntropyStats:
         }
         if self.shift is not None:
             parts["deltaH1_on_policy"] = self.tangent + self.shift
-        stacked = [ratio_moments(x, self.tokens) for x in parts.values()]
+        if self.softmax is not None:
+            parts["deltaH_softmax"] = self.softmax
+            parts["softmax_error"] = self.first_step - self.softmax
+        units = {name: self.tokens for name in parts}
         if self.first_half is not None:  # held out: the forecast of one half of the responses, realised on the other
             first, second = self.first_half, ~self.first_half
             parts["holdout/deltaH1"] = self.tangent[first]
             parts["holdout/deltaH_realised_first_step"] = self.first_step[second]
-            stacked += [ratio_moments(self.tangent[first], self.tokens[first])]
-            stacked += [ratio_moments(self.first_step[second], self.tokens[second])]
-        moments = reduce(torch.stack(stacked))
+            units["holdout/deltaH1"], units["holdout/deltaH_realised_first_step"] = (
+                self.tokens[first],
+                self.tokens[second],
+            )
+            if self.softmax is not None:
+                parts["holdout/deltaH_softmax"], units["holdout/deltaH_softmax"] = (
+                    self.softmax[first],
+                    self.tokens[first],
+                )
+        moments = reduce(torch.stack([ratio_moments(x, units[name]) for name, x in parts.items()]))
         out = {}
         for name, m in zip(parts, moments, strict=True):
             value, se = ratio_and_se(m)
-            if name != "error":
+            if not name.endswith("error"):
                 out[prefix + name] = value
             if name != "H_before" and math.isfinite(se):
                 out[prefix + name + "_se"] = se

@@ -149,12 +149,13 @@ class ProbeComponents:
         name: str = "batch",
         allow_zero_probability: bool = False,
         share_prompt: bool = False,
+        keep_log_probs: bool = False,
     ) -> Iterator[tuple[dict[str, torch.Tensor], TeacherForced]]:
         """Validate ``batch``, then yield ``(microbatch, teacher-forced results)`` along the prompt dimension.
 
         Runs inside :func:`probe_pass_context` (eval mode, ``.grad`` stashed and restored) with autocast following
         the model's dtype; the caller may ``backward()`` through each result before taking the next one.
-        ``allow_zero_probability``, ``share_prompt``: see :func:`teacher_force`.
+        ``allow_zero_probability``, ``share_prompt``, ``keep_log_probs``: see :func:`teacher_force`.
         """
         _, _, response_col = validate_probe_batch(batch, name)
         with probe_pass_context(self.model, self.params):
@@ -169,6 +170,7 @@ class ProbeComponents:
                         with_entropy,
                         allow_zero_probability,
                         share_prompt,
+                        keep_log_probs,
                     )
                 yield mb, tf
 

@@ -27,6 +27,9 @@ class TeacherForced:
     token_logprobs: torch.Tensor  # log π(y_j | s_j)
     entropies: torch.Tensor | None  # H_j = H(π(·|s_j)); None unless requested
     response_mask: torch.Tensor  # True on response tokens
+    # [T, V] fp32 CPU: the policy's log-probabilities over the vocabulary at the T response tokens (in the order of
+    # ``response_mask.nonzero()``); None unless requested (``keep_log_probs``: the forecast exact in the softmax)
+    log_probs: torch.Tensor | None = None
 
 
 def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -72,6 +75,7 @@ def teacher_force(
     with_entropy: bool,
     allow_zero_probability: bool = False,
     share_prompt: bool = False,
+    keep_log_probs: bool = False,
 ) -> TeacherForced:
     """One forward pass over all ``b·G`` rows of a microbatch (grad enabled unless the caller disables it), two with
     ``share_prompt``.
@@ -86,6 +90,8 @@ def teacher_force(
             raising (the ground truth after a step, where a sampled token may have left the nucleus of θ′).
         share_prompt: compute each prompt once for its G responses (KV cache, see :func:`_response_logits`); the
             forecast's forwards without graph use it.
+        keep_log_probs: also return the full-vocabulary log-probabilities at the response tokens (detached, on the
+            CPU: T × V × 4 bytes).
 
     Raises:
         ValueError: unless ``allow_zero_probability``, if a response token lies outside the top-p nucleus
@@ -116,7 +122,8 @@ def teacher_force(
     entropies = None
     if with_entropy:
         entropies = _padded(entropy_from_log_probs(log_probs, keep), R).masked_fill(~resp_mask, 0.0).view(b, G, R)
-    return TeacherForced(token_lp.view(b, G, R), entropies, resp_mask.view(b, G, R))
+    kept = log_probs.detach()[resp_mask[:, : log_probs.shape[1]]].cpu() if keep_log_probs else None  # [T, V]
+    return TeacherForced(token_lp.view(b, G, R), entropies, resp_mask.view(b, G, R), kept)
 
 
 def _real_columns(mask: torch.Tensor, response_col: int) -> tuple[int, int]:

@@ -7,6 +7,7 @@ realised change of its sequence entropy; and E's probe batches read back as toke
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -72,6 +73,42 @@ def directional_reference(
         out[f"deltaH1/{estimator}"] = float(values.mean())
         out[f"deltaH1_se/{estimator}"] = float(values.std() / math.sqrt(len(values)))
     out["token_tangent"] = dots["token"]
+    return out
+
+
+def softmax_reference(
+    before: torch.nn.Module, after: torch.nn.Module, E: dict[str, torch.Tensor], step: dict[str, torch.Tensor]
+) -> dict[str, float]:
+    """The forecast exact in the softmax, per token H(softmax(ℓ_θ + ⟨∇ℓ, Δθ⟩)) − H(softmax(ℓ_θ)), pooled per token
+    over E's responses: ``deltaH_softmax(_se)`` and ``softmax_error_se`` (of realised − it, paired). The logits'
+    tangent ⟨∇ℓ, Δθ⟩ = J Δθ exactly, by reverse mode twice (J Δθ = ∂/∂u ⟨Jᵀu, Δθ⟩) on a float64 copy with eager
+    attention (a finite difference there meets the float32 that HF's RMSNorm computes in); the realised change from
+    HF forwards at θ′ (``after``)."""
+    model = copy.deepcopy(before).double().eval()
+    model.config._attn_implementation = "eager"  # double backward through attention
+    names = [n for n, p in model.named_parameters() if n in step]
+    params = [p for n, p in model.named_parameters() if n in step]
+
+    def entropy(logits: torch.Tensor) -> torch.Tensor:
+        log_p = torch.log_softmax(logits, dim=-1)
+        return -(log_p.exp() * log_p).sum(-1)
+
+    prompts, responses = token_lists([E])
+    tokens, change, realised = [], [], []
+    for prompt, group in zip(prompts, responses, strict=True):
+        for y in group:
+            logits = model(input_ids=torch.tensor([prompt + y])).logits[0, len(prompt) - 1 : -1]
+            u = torch.zeros_like(logits, requires_grad=True)
+            grads = torch.autograd.grad(logits, params, grad_outputs=u, create_graph=True, allow_unused=True)
+            along = sum((g * step[n]).sum() for n, g in zip(names, grads, strict=True) if g is not None)
+            ell, ell_dot = logits.detach(), torch.autograd.grad(along, u)[0]
+            h0 = entropy(ell).sum()
+            tokens.append(float(len(y)))
+            change.append(float(entropy(ell + ell_dot).sum() - h0))
+            realised.append(float(_token_values(after.eval(), prompt, y)[1].double().sum() - h0))
+    out = {}
+    out["deltaH_softmax"], out["deltaH_softmax_se"] = pooled_ratio(change, tokens)
+    out["softmax_error_se"] = pooled_ratio([r - c for r, c in zip(realised, change, strict=True)], tokens)[1]
     return out
 
 

@@ -37,6 +37,7 @@ from treetune_tests.treetune_verl.forecast.reference import (
     full_parameters,
     joined,
     realised_change,
+    softmax_reference,
     token_entropy_reference,
     token_lists,
 )
@@ -217,6 +218,8 @@ def _reference(E: dict[str, torch.Tensor], E_batches: list[dict[str, torch.Tenso
     out = {"step_norm": math.sqrt(sum(float(t.pow(2).sum()) for t in step.values()))}
     out |= directional_reference(probe_model, E, step, RESPONSE)
     out["token"] = token_entropy_reference(probe_model, model, E, out.pop("token_tangent"), units)
+    if units is None:  # central differences: the forecast exact in the softmax too
+        out["token"] |= softmax_reference(probe_model, model, E, step)
     per_prompt = realised_change(probe_model, model, *token_lists(E_batches), RESPONSE)
     out["deltaH_realised"] = float(per_prompt.mean())
     out["deltaH_realised_se"] = float(per_prompt.std() / math.sqrt(len(per_prompt)))
@@ -281,9 +284,10 @@ def test_fsdp2_forecast_matches_the_plain_reference(tmp_path, world, method, giv
             # abs: float32 forwards round each entropy (~3.4 nats here) to ~4e-7, and the step moves it by ~2e-5;
             # error_se is of realised − forecast, a second-order quantity, where the central difference's own
             # O(|Δθ|³) error is a few per cent (5.5 % seen on verl 0.9.1's test)
-            rel = 0.1 if key == "error_se" else 2e-3
+            rel = 0.1 if key.endswith("error_se") else 2e-3
             assert metrics[f"probe/token/{key}"] == pytest.approx(value, rel=rel, abs=5e-7), key
         assert metrics["probe/token/deltaH_realised_first_step"] == metrics["probe/token/deltaH_realised"]
+        assert ("probe/token/deltaH_softmax" in metrics) == (method == "central_difference")
         # the early warning reads the token forecast: its relative rate per training step (one optimizer step)
         rate = metrics["probe/token/deltaH1"] / metrics["probe/token/H_before"]
         assert metrics["probe/warning/rate"] == pytest.approx(rate, rel=1e-12)

@@ -35,6 +35,7 @@ from treetune_tests.treetune_verl.forecast.reference import (
     full_parameters,
     joined,
     realised_change,
+    softmax_reference,
     token_entropy_reference,
     token_lists,
 )
@@ -154,6 +155,8 @@ def _reference(model_path: str, before: dict, after: dict, E: dict[str, torch.Te
     at_theta, at_theta_prime = model_at(before), model_at(after)
     out |= directional_reference(at_theta, E, step, RESPONSE)  # baseline none, as FORECAST["probe"] sets
     out["token"] = token_entropy_reference(at_theta, at_theta_prime, E, out.pop("token_tangent"), units)
+    if units is None:  # central differences: the forecast exact in the softmax too
+        out["token"] |= softmax_reference(at_theta, at_theta_prime, E, step)
     per_prompt = realised_change(at_theta, at_theta_prime, *token_lists([E]), RESPONSE)
     out["deltaH_realised"] = float(per_prompt.mean())
     out["deltaH_realised_se"] = float(per_prompt.std() / math.sqrt(len(per_prompt)))
@@ -202,8 +205,9 @@ def test_engine_worker_forecast_matches_the_plain_reference(tiny_model_dir, tmp_
         assert metrics["probe/deltaH_realised"] == pytest.approx(reference["deltaH_realised"], rel=1e-3, abs=1e-7)
         assert metrics["probe/deltaH_realised_se"] == pytest.approx(reference["deltaH_realised_se"], rel=1e-3)
         for key, value in reference["token"].items():  # E's token entropy (tolerances: forecast/test_live_forecast)
-            rel = 0.1 if key == "error_se" else 2e-3
+            rel = 0.1 if key.endswith("error_se") else 2e-3
             assert metrics[f"probe/token/{key}"] == pytest.approx(value, rel=rel, abs=5e-7), key
+        assert ("probe/token/deltaH_softmax" in metrics) == (method == "central_difference")
         rate = metrics["probe/token/deltaH1"] / metrics["probe/token/H_before"]
         assert metrics["probe/warning/rate"] == pytest.approx(rate, rel=1e-12)  # the warning reads the token forecast
         assert metrics["timing_s/probe"] > 0 and "actor/pg_loss" in metrics  # verl's own metrics pass through
