@@ -161,27 +161,41 @@ def pearson(xs: list[float], ys: list[float]) -> float:
     return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else math.nan
 
 
+# Step's attributes per forecast and comparison: (forecast, its SE, realised, its SE, the paired difference's SE)
+_COLUMNS = {
+    ("first_order", "same_states"): ("forecast", "forecast_se", "realised", "realised_se", "error_se"),
+    ("first_order", "held_out"): (
+        "holdout_forecast",
+        "holdout_forecast_se",
+        "holdout_realised",
+        "holdout_realised_se",
+        None,
+    ),
+    ("softmax", "same_states"): ("softmax", "softmax_se", "realised", "realised_se", "softmax_error_se"),
+    ("softmax", "held_out"): ("holdout_softmax", "holdout_softmax_se", "holdout_realised", "holdout_realised_se", None),
+}
+
+
 def z_scores(steps: list[Step], kind: str, forecast: str = "first_order") -> list[float]:
     """(realised − forecast) / its standard error per forecast step: ``combined`` √(SE_f² + SE_r²) or ``paired``
     (the paired difference's) at the same states, or ``held_out`` (combined, the halves' values); of the
     ``first_order`` forecast ΔH₁ or the ``softmax`` one."""
-    softmax = forecast == "softmax"
+    f, f_se, r, r_se, paired_se = _COLUMNS[forecast, "held_out" if kind == "held_out" else "same_states"]
     out = []
     for s in steps:
-        if kind == "held_out":
-            f, f_se = (
-                (s.holdout_softmax, s.holdout_softmax_se) if softmax else (s.holdout_forecast, s.holdout_forecast_se)
-            )
-            difference, se = s.holdout_realised - f, math.hypot(f_se, s.holdout_realised_se)
-        else:
-            f, f_se = (s.softmax, s.softmax_se) if softmax else (s.forecast, s.forecast_se)
-            difference = s.realised - f
-            if kind == "paired":
-                se = s.softmax_error_se if softmax else s.error_se
-            else:
-                se = math.hypot(f_se, s.realised_se)
+        difference = getattr(s, r) - getattr(s, f)
+        se = getattr(s, paired_se) if kind == "paired" else math.hypot(getattr(s, f_se), getattr(s, r_se))
         out.append(difference / se if se > 0 else math.nan)
     return out
+
+
+def _figures(probed: list[Step], forecast: str, comparison: str) -> dict[str, float | int]:
+    """:func:`agreement` of one forecast in one comparison; at the same states with ``coverage_paired``."""
+    columns = _COLUMNS[forecast, comparison]
+    figures = agreement(*([getattr(s, name) for s in probed] for name in columns[:4]))
+    if comparison == "same_states":
+        figures["coverage_paired"] = _share(z_scores(probed, "paired", forecast), lambda v: abs(v) <= 2)
+    return figures
 
 
 def agreement(
@@ -226,32 +240,8 @@ def calibration(steps: list[Step]) -> dict:
     other half: independent samples), the same two of the forecast exact in the softmax (``softmax_same_states``,
     ``softmax_held_out``: absent for runs without it), and the run's collapse, warnings and cost."""
     probed = [s for s in steps if s.forecast_step]
-    same = agreement(
-        [s.forecast for s in probed],
-        [s.forecast_se for s in probed],
-        [s.realised for s in probed],
-        [s.realised_se for s in probed],
-    )
-    same["coverage_paired"] = _share(z_scores(probed, "paired"), lambda v: abs(v) <= 2)
-    held_out = agreement(
-        [s.holdout_forecast for s in probed],
-        [s.holdout_forecast_se for s in probed],
-        [s.holdout_realised for s in probed],
-        [s.holdout_realised_se for s in probed],
-    )
-    softmax_same = agreement(
-        [s.softmax for s in probed],
-        [s.softmax_se for s in probed],
-        [s.realised for s in probed],
-        [s.realised_se for s in probed],
-    )
-    softmax_same["coverage_paired"] = _share(z_scores(probed, "paired", "softmax"), lambda v: abs(v) <= 2)
-    softmax_held_out = agreement(
-        [s.holdout_softmax for s in probed],
-        [s.holdout_softmax_se for s in probed],
-        [s.holdout_realised for s in probed],
-        [s.holdout_realised_se for s in probed],
-    )
+    same, held_out = _figures(probed, "first_order", "same_states"), _figures(probed, "first_order", "held_out")
+    softmax_same, softmax_held_out = _figures(probed, "softmax", "same_states"), _figures(probed, "softmax", "held_out")
     collapse = collapse_step(steps)
     first_warning = next((s.step for s in steps if s.warning), None)
     ratios = [s.probe_s / s.update_actor_s for s in steps if s.update_actor_s > 0]
