@@ -42,6 +42,25 @@ async def _entropy_requests(server) -> int:
     return state[INTERNAL_STATE_KEY]
 
 
+async def _entropy_requests_at_least(server, count: int) -> bool:
+    return await _entropy_requests(server) >= count
+
+
+async def _sent_to_scheduler(server, rids: list[str]) -> bool:
+    """Whether sglang's tokenizer manager has sent every one of these requests to the scheduler (it records a
+    request's state right after sending it; an abort sent later reaches the scheduler after it)."""
+    return all(rid in server.tokenizer_manager.rid_to_state for rid in rids)
+
+
+async def _until(condition, what: str, timeout_s: float = 60.0) -> None:
+    """Poll the async ``condition`` every 5 ms; fail naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not await condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        await asyncio.sleep(0.005)
+
+
 def _well_formed(output) -> None:
     assert len(output.token_ids) == len(output.log_probs) == len(output.entropy)
 
@@ -60,13 +79,17 @@ async def test_abort_sessions_cuts_exactly_the_named_trajectories(tiny_model_dir
         full_s = time.monotonic() - t0  # one long request alone; the waits below are fractions of it
         assert len(full.token_ids) == RESPONSE_LENGTH
 
+        # Each step waits for the state it needs instead of a share of `full_s`: on a shared CI machine one timing
+        # of the long request can be several times another (a fixed share let `a` finish before the abort).
         a = asyncio.create_task(server.generate(PROMPT, dict(LONG), turn_request_id(running)))
-        await asyncio.sleep(0.1 * full_s)  # `a` is admitted and decoding
-        b = asyncio.create_task(server.generate(PROMPT, dict(LONG), turn_request_id(queued)))
-        other = asyncio.create_task(server.generate(PROMPT, {**LONG, "max_new_tokens": 8}, uuid4().hex))
-        later = asyncio.create_task(server.generate(PROMPT, {**LONG, "max_new_tokens": 8}, turn_request_id(untouched)))
-        await asyncio.sleep(0.1 * full_s)
-        assert not a.done() and not b.done()
+        await _until(lambda: _entropy_requests_at_least(server, 1), "the first request admitted")
+        await asyncio.sleep(20 * full_s / RESPONSE_LENGTH)  # `a` decodes ~20 tokens (of 900)
+        rids = [turn_request_id(queued), uuid4().hex, turn_request_id(untouched)]
+        b = asyncio.create_task(server.generate(PROMPT, dict(LONG), rids[0]))
+        other = asyncio.create_task(server.generate(PROMPT, {**LONG, "max_new_tokens": 8}, rids[1]))
+        later = asyncio.create_task(server.generate(PROMPT, {**LONG, "max_new_tokens": 8}, rids[2]))
+        await _until(lambda: _sent_to_scheduler(server, rids), "the three requests queued at the scheduler")
+        assert not a.done() and not b.done(), "the running request ended before the abort: the setup is wrong"
         t0 = time.monotonic()
         # the queued session first: its AbortReq reaches the scheduler before the running one frees the slot (one
         # message per session, so in the other order the scheduler may admit `b` in between; see abort_sessions)
