@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from treetune_verl.config.job_config import is_int
+from treetune_verl.config.keys import check_known_keys
 
 logger = logging.getLogger(__name__)
 
@@ -136,9 +137,7 @@ def warning_settings(section: Any, where: str) -> WarningSettings:
     if removed:
         raise ValueError(f"{where}.{removed[0]}: removed ({REMOVED_KEYS[removed[0]]})")
     defaults = WarningSettings()
-    unknown = sorted(set(section) - set(vars(defaults)))
-    if unknown:
-        raise ValueError(f"{where}: unknown keys {unknown} (known: {sorted(vars(defaults))})")
+    check_known_keys(section, vars(defaults), where)
     values = {**vars(defaults), **section}
     for key in ("horizon", "window", "consecutive"):
         if not is_int(values[key]) or values[key] < 1:

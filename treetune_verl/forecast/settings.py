@@ -44,6 +44,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from treetune_verl.config.job_config import is_int
+from treetune_verl.config.keys import check_known_keys
 from treetune_verl.forecast.early_warning import WarningSettings, warning_settings
 from treetune_verl.probe.config import resolve_config
 
@@ -56,7 +57,7 @@ METHODS = ("auto", "central_difference", "backward")
 # error over E's prompts was 0.28 nats per budget token with it, 0.046 without (treetune_specs/2026-11-28-forecast-
 # calibration.md). A ``probe`` setting is merged over these.
 PROBE_DEFAULTS = {"estimator": {"baseline": {"mode": "none"}}}
-_KEYS = {"every", "estimators", "eval_share", "seed", "method", "probe", "early_warning", "record_dir"}
+KEYS = ("every", "estimators", "eval_share", "seed", "method", "probe", "early_warning", "record_dir")
 
 
 @dataclass(frozen=True)
@@ -108,15 +109,13 @@ def forecast_settings(rollout_config: Any) -> ForecastSettings | None:
     if section is None:
         return None
     if not isinstance(section, Mapping):
-        raise ValueError(f"{SECTION} must be a mapping of {sorted(_KEYS)}, got {section!r}")
+        raise ValueError(f"{SECTION} must be a mapping of {sorted(KEYS)}, got {section!r}")
     if "top_p" in section:
         raise ValueError(
             f"{SECTION}.top_p: not a key (any more): E is sampled at top-p = 1, the policy verl's actor computes its "
             "log-probabilities with; the forecast's directional derivatives need a differentiable policy"
         )
-    unknown = sorted(set(section) - _KEYS)
-    if unknown:
-        raise ValueError(f"{SECTION}: unknown keys {unknown} (known: {sorted(_KEYS)})")
+    check_known_keys(section, KEYS, SECTION)
     every = section.get("every", 1)
     if not is_int(every) or every < 1:
         raise ValueError(f"{SECTION}.every must be an integer >= 1, got {every!r}")

@@ -31,6 +31,9 @@ import torch
 from treetune_verl.batch_keys import HAS_ROLLOUT_ENTROPY_KEY, ROLLOUT_ENTROPY_KEY
 from treetune_verl.rollout.rollout_config import CONFIG_PATH, ENTROPY_SECTION, read_key
 
+STEERING_KEYS = ("pg_token_quantile", "advantage_shaping")  # in custom.entropy, beside the sampler's ENTROPY_KEYS
+SHAPING_KEYS = ("alpha", "kappa")  # custom.entropy.advantage_shaping
+
 
 @dataclass(frozen=True)
 class EntropySteering:

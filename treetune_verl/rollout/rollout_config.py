@@ -17,8 +17,10 @@ from treetune_verl.sglang.config import EntropyConfig
 from treetune_verl.sglang.server_args import check_server_args
 
 CONFIG_PATH = "actor_rollout_ref.rollout"
-ENTROPY_SECTION = "entropy"  # actor_rollout_ref.rollout.custom.entropy.{top_k,mode}
-MANAGED_SECTION = "managed"  # actor_rollout_ref.rollout.custom.managed.{agent_fn,environment,rows_per_session}
+ENTROPY_SECTION = "entropy"  # actor_rollout_ref.rollout.custom.entropy
+ENTROPY_KEYS = ("top_k", "mode")  # the sampler's; the trainer's steering keys share the section (ppo/entropy_advantage)
+MANAGED_SECTION = "managed"  # actor_rollout_ref.rollout.custom.managed
+MANAGED_KEYS = ("agent_fn", "environment", "rows_per_session")
 ROWS_PER_SESSION_KEY = f"{CONFIG_PATH}.custom.{MANAGED_SECTION}.rows_per_session"
 
 

@@ -42,6 +42,7 @@ from treetune_verl.ppo.advantage import (
 )
 from treetune_verl.ppo.entropy_advantage import EntropySteering, entropy_steering
 from treetune_verl.rollout.rollout_config import ROWS_PER_SESSION_KEY, rows_per_session
+from treetune_verl.trainer.custom_keys import check_custom_keys
 
 ROLLOUT = "actor_rollout_ref.rollout"
 MANAGER_KEY = f"{ROLLOUT}.agent.agent_loop_manager_class"
@@ -137,9 +138,11 @@ class RunFeatures:
         it).
 
         Raises:
-            ValueError: a feature's key out of range, naming it.
+            ValueError: a feature's key out of range, or an unknown key in one of our ``rollout.custom`` sections
+                (``custom_keys.py``), naming it.
         """
         rollout = OmegaConf.select(config, ROLLOUT, default=None) or {}
+        check_custom_keys(rollout)
         if rollout_entropy is None:
             rollout_entropy = OmegaConf.select(config, MANAGER_KEY, default=None) == MANAGER_CLASS
         return cls(

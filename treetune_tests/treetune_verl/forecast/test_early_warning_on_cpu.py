@@ -94,7 +94,7 @@ def test_missing_metrics_are_named():
 @pytest.mark.parametrize(
     ("section", "words"),
     [
-        ({"fractoin": 0.5}, r"unknown keys \['fractoin'\]"),
+        ({"fractoin": 0.5}, r"early_warning.fractoin: unknown key; did you mean .fraction."),
         ({"floor": 0.1}, r"early_warning.floor: removed"),
         ({"horizon": 0}, r"early_warning.horizon must be an integer >= 1"),
         ({"window": True}, r"early_warning.window must be an integer >= 1"),
