@@ -43,6 +43,7 @@ CURRENT_TESTS := \
 	treetune_tests/treetune_verl/rollout/test_server_abort_on_cpu.py \
 	treetune_tests/treetune_verl/rollout/test_session_on_cpu.py \
 	treetune_tests/treetune_verl/rollout/test_rollout_config_on_cpu.py \
+	treetune_tests/treetune_verl/rollout/test_entropy_row_on_cpu.py \
 	treetune_tests/treetune_verl/trainer/v0_9_1 \
 	treetune_tests/treetune_verl/trainer/test_custom_keys_on_cpu.py \
 	treetune_tests/treetune_verl/ppo/test_padding_rows_v0_9_1_on_cpu.py \

@@ -30,7 +30,6 @@ _WHERE = {
         else "treetune_verl.agent_loop.entropy_tool_agent_loop"
     ),
     "RolloutEntropyWorker": "treetune_verl.agent_loop.entropy_worker",
-    "pad_response_entropy": "treetune_verl.agent_loop.entropy_worker",
     "EntropyRecorder": "treetune_verl.agent_loop.recorder",
     "EntropyAgentLoopWorker": "treetune_verl.agent_loop.worker",
     "HAS_ROLLOUT_ENTROPY_KEY": "treetune_verl.batch_keys",
@@ -56,6 +55,5 @@ __all__ = [
     "RolloutEntropyWorker",
     "check_rollout_config",
     "entropy_config",
-    "pad_response_entropy",
     "rollout_entropy_metrics",
 ]

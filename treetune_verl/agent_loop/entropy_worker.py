@@ -3,8 +3,8 @@
 """The rollout-entropy feature of verl 0.7.1's ``AgentLoopWorker``: ``rollout_entropy`` in the generated ``DataProto``.
 
 On the entropy's path it sits after the agent loops (whose ``extra_fields["response_entropy"]`` it pads to
-``[1, response_length]`` per sample) and before the manager, which concatenates the workers' batches and logs
-the metrics. It knows no other feature: the worker the manager runs combines it with over-sampling (``worker.py``).
+``[1, response_length]`` per sample with ``rollout/entropy_row.py``) and before the manager, which concatenates the
+workers' batches and logs the metrics. It knows no other feature: the worker the manager runs combines it with over-sampling (``worker.py``).
 """
 
 from __future__ import annotations
@@ -16,26 +16,8 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, AgentLoopWo
 from verl.protocol import DataProto
 
 from treetune_verl.batch_keys import HAS_ROLLOUT_ENTROPY_KEY, RESPONSE_ENTROPY_KEY, ROLLOUT_ENTROPY_KEY
+from treetune_verl.rollout.entropy_row import entropy_row
 from treetune_verl.timing import ROLLOUT_ENTROPY, SECONDS
-
-
-def pad_response_entropy(entropy: list[float] | None, num_tokens: int, response_length: int) -> torch.Tensor:
-    """``[1, response_length]`` float32 entropies (nats), right-padded with 0.0 like verl pads ``responses``.
-
-    ``entropy`` is ``None`` for a loop that carries none (a stock verl loop): all zeros then, so that every
-    worker's batch has the key and ``DataProto.concat`` across workers works; the worker marks such rows in
-    ``batch["has_rollout_entropy"]``.
-    """
-    row = torch.zeros(1, response_length, dtype=torch.float32)
-    if entropy is None:
-        return row
-    if len(entropy) != num_tokens or num_tokens > response_length:
-        raise ValueError(
-            f"{RESPONSE_ENTROPY_KEY} has {len(entropy)} values for {num_tokens} response tokens "
-            f"(response_length {response_length})"
-        )
-    row[0, :num_tokens] = torch.tensor(entropy, dtype=torch.float32)
-    return row
 
 
 class RolloutEntropyWorker(AgentLoopWorker):
@@ -55,7 +37,8 @@ class RolloutEntropyWorker(AgentLoopWorker):
     async def _agent_loop_postprocess(self, output: AgentLoopOutput, **kwargs: Any) -> _InternalAgentLoopOutput:
         with SECONDS.timed(ROLLOUT_ENTROPY):
             entropy = output.extra_fields.pop(RESPONSE_ENTROPY_KEY, None)
-            row = pad_response_entropy(entropy, len(output.response_ids), self.rollout_config.response_length)
+            length = self.rollout_config.response_length
+            row = entropy_row(entropy, len(output.response_ids), length, "an agent loop's output").unsqueeze(0)
         internal = await super()._agent_loop_postprocess(output, **kwargs)
         with SECONDS.timed(ROLLOUT_ENTROPY):
             row *= internal.response_mask.to(row.dtype)  # 0.0 wherever no model token is (also once a row is emptied)
@@ -69,7 +52,7 @@ class RolloutEntropyWorker(AgentLoopWorker):
         with SECONDS.timed(ROLLOUT_ENTROPY):
             response_length = self.rollout_config.response_length
             rows = [item.extra_fields.pop(ROLLOUT_ENTROPY_KEY, None) for item in inputs]
-            rows = [row if row is not None else pad_response_entropy(None, 0, response_length) for row in rows]
+            rows = [row if row is not None else torch.zeros(1, response_length) for row in rows]
             has_entropy = [bool(item.extra_fields.pop(HAS_ROLLOUT_ENTROPY_KEY, False)) for item in inputs]
         data = super()._postprocess(inputs, input_non_tensor_batch=input_non_tensor_batch)
         with SECONDS.timed(ROLLOUT_ENTROPY):

@@ -4,12 +4,11 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 from verl.protocol import DataProto
 
 from treetune_tests.treetune_verl.agent_loop.conftest import generate
-from treetune_verl.agent_loop import ROLLOUT_ENTROPY_KEY, pad_response_entropy
+from treetune_verl.agent_loop import ROLLOUT_ENTROPY_KEY
 
 
 async def test_dataproto_ops_keep_rollout_entropy(worker):
@@ -25,11 +24,3 @@ async def test_dataproto_ops_keep_rollout_entropy(worker):
     merged = DataProto.concat(chunks)
     picked = merged.select(batch_keys=[ROLLOUT_ENTROPY_KEY, "response_mask"])
     assert torch.equal(picked.batch[ROLLOUT_ENTROPY_KEY], entropy[[2, 0, 3, 1]])
-
-
-def test_pad_response_entropy():
-    row = pad_response_entropy([0.5, 1.5], num_tokens=2, response_length=4)
-    assert row.dtype == torch.float32 and torch.equal(row, torch.tensor([[0.5, 1.5, 0.0, 0.0]]))
-    assert torch.equal(pad_response_entropy(None, 3, 4), torch.zeros(1, 4))
-    with pytest.raises(ValueError, match="response tokens"):
-        pad_response_entropy([0.5], num_tokens=2, response_length=4)

@@ -31,7 +31,9 @@ def _start_up(config):
 def every_feature(tiny_model_dir, tmp_path_factory) -> list[str]:
     """The e2e script's command line with over-sampling, the forecast and forking tokens, plus managed sessions'
     and advantage shaping's keys (their sections present, as a user's run has them)."""
-    lines = _command_line(("over_sampling", "forecast", "forking_tokens"), tiny_model_dir, tmp_path_factory.mktemp("e2e"))
+    lines = _command_line(
+        ("over_sampling", "forecast", "forking_tokens"), tiny_model_dir, tmp_path_factory.mktemp("e2e")
+    )
     sections = [f"+{CUSTOM}.managed.rows_per_session=1", f"+{CUSTOM}.over_sample.max_staleness=2"]
     return [*lines, *FEATURES["advantage_shaping"][1], *sections]
 
@@ -65,5 +67,7 @@ def test_a_typo_in_each_section_fails_naming_the_key_and_the_closest(every_featu
 
 def test_a_misspelt_section_name_fails_naming_ours(every_feature):
     config = _compose([*every_feature, f"+{CUSTOM}.entropy_forcast.every=2"])
-    with pytest.raises(ValueError, match=rf"{CUSTOM}\.entropy_forcast: not a treetune section; did you mean 'entropy_forecast'"):
+    with pytest.raises(
+        ValueError, match=rf"{CUSTOM}\.entropy_forcast: not a treetune section; did you mean 'entropy_forecast'"
+    ):
         _start_up(config)

@@ -9,13 +9,13 @@ The trainer builds the two fields from it (``trainer_seams.py``). No verl import
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from treetune_verl.batch_keys import HAS_ROLLOUT_ENTROPY_KEY, RESPONSE_ENTROPY_KEY, ROLLOUT_ENTROPY_KEY
+from treetune_verl.rollout.entropy_row import entropy_row
 
 
 def rollout_entropy_rows(
@@ -39,22 +39,12 @@ def rollout_entropy_rows(
 
     Raises:
         ValueError: a row whose entropy does not count one value per response token, or holds a non-finite value,
-            naming the row's key.
+            naming the row's key (``rollout/entropy_row.py``, the rule of both stacks).
     """
     rows = []
     for key, fields, mask, pad in zip(keys, extra_fields, response_masks, padding, strict=True):
         length = mask.numel()
         values = None if pad else (fields or {}).get(RESPONSE_ENTROPY_KEY)
-        if values is None:
-            rows.append({ROLLOUT_ENTROPY_KEY: torch.zeros(length), HAS_ROLLOUT_ENTROPY_KEY: torch.tensor(False)})
-            continue
-        if len(values) != length:
-            raise ValueError(
-                f"row {key}: extra_fields[{RESPONSE_ENTROPY_KEY!r}] has {len(values)} values for {length} response "
-                "tokens"
-            )
-        if not all(math.isfinite(value) for value in values):
-            raise ValueError(f"row {key}: extra_fields[{RESPONSE_ENTROPY_KEY!r}] holds a non-finite entropy")
-        entropy = torch.tensor(values, dtype=torch.float32) * mask.reshape(-1).to(torch.float32)
-        rows.append({ROLLOUT_ENTROPY_KEY: entropy, HAS_ROLLOUT_ENTROPY_KEY: torch.tensor(True)})
+        entropy = entropy_row(values, length, length, f"row {key}") * mask.reshape(-1).to(torch.float32)
+        rows.append({ROLLOUT_ENTROPY_KEY: entropy, HAS_ROLLOUT_ENTROPY_KEY: torch.tensor(values is not None)})
     return rows
