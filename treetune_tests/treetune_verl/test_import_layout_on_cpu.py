@@ -91,7 +91,18 @@ def imported_names(path: Path, name: str) -> set[str]:
             for alias in node.names:
                 candidate = f"{source}.{alias.name}"
                 names.add(candidate if candidate in MODULES else source)
+        elif isinstance(node, ast.Call) and _called_name(node.func) == "import_module" and node.args:
+            if isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+                names.add(node.args[0].value)  # an import by name is an import (importlib.import_module("a.b"))
+        elif isinstance(node, ast.Dict) and node.values:
+            values = [v.value for v in node.values if isinstance(v, ast.Constant) and isinstance(v.value, str)]
+            if len(values) == len(node.values) and all(value in MODULES for value in values):
+                names.update(values)  # a lazy-export table (lazy_exports.py): name -> the module it imports
     return names
+
+
+def _called_name(func: ast.expr) -> str | None:
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
 
 
 def internal_graph() -> dict[str, set[str]]:
@@ -200,6 +211,26 @@ def test_imports_inside_functions_are_read(tmp_path):
     source = tmp_path / "m.py"
     source.write_text("def f():\n    from treetune_verl.agent_loop import recorder\n")
     assert "treetune_verl.agent_loop.recorder" in imported_names(source, "treetune_verl.sglang.m")
+
+
+def test_imports_by_name_and_lazy_export_tables_are_read(tmp_path):
+    """An import by a string (how the removed ``ppo/actor_setup.py`` alias reached the trainer layer past this test)
+    and a lazy-export table count as imports; a dict of other strings does not."""
+    source = tmp_path / "m.py"
+    source.write_text(
+        "import importlib\n"
+        "def f():\n    return importlib.import_module('treetune_verl.trainer.actor_setup')\n"
+        "_WHERE = {'EntropyRecorder': 'treetune_verl.agent_loop.recorder'}\n"
+        "TEXT = {'a': 'treetune_verl.not_a_module', 'b': 'x'}\n"
+    )
+    names = imported_names(source, "treetune_verl.ppo.m")
+    assert {"treetune_verl.trainer.actor_setup", "treetune_verl.agent_loop.recorder"} <= names
+    assert "treetune_verl.not_a_module" not in names
+    graph = {"treetune_verl.ppo.advantage": {"treetune_verl.trainer.actor_setup"}}
+    assert layering_violations(graph) == [
+        "treetune_verl.ppo.advantage (treetune_verl.ppo) imports treetune_verl.trainer.actor_setup "
+        "(treetune_verl.trainer), a later layer"
+    ]
 
 
 # The sglang side and the agent loops must not pull sglang's heavy import into processes that do not need it: every

@@ -9,8 +9,7 @@
 Prints one row per response (tokens, mean / p90 / max entropy in nats) and writes
 ``<out-dir>/responses.jsonl`` (token ids, text pieces, logprobs, entropies) and ``<out-dir>/entropy.html``
 (each token shaded by its entropy). Runs on CPU with the CPU setup, and unchanged on a CUDA machine. Records and
-table: :mod:`treetune_verl.generation.records`; page: :mod:`treetune_verl.generation.heatmap`. The old path
-``python -m treetune_verl.sglang.generate`` still runs this, with a DeprecationWarning, for one release.
+table: :mod:`treetune_verl.generation.records`; page: :mod:`treetune_verl.generation.heatmap`.
 """
 
 from __future__ import annotations

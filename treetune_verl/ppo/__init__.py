@@ -5,8 +5,8 @@
 - ``advantage``: the estimators ``grpo_valid`` / ``rloo_valid``, verl's GRPO / RLOO over each group's completed rows.
 - ``loss_aggregation``: the legacy FSDP actor's loss normalised over a mini-batch's completed rows, never NaN.
 - ``entropy_advantage``: entropy steering (forking-token mask, entropy-shaped advantage) and its settings.
-- ``actor_setup``: deprecated alias of ``treetune_verl.trainer.actor_setup`` (the seams that call the above live in
-  ``treetune_verl/trainer/``).
+
+The seams that call them live in ``treetune_verl/trainer/`` (``actor_setup``, named in ``external_lib``).
 
 Importing this package imports nothing (no verl): each module is imported where it is needed.
 """

@@ -7,8 +7,7 @@ the version's adapter in the scheduler process (``v0_5_6_post2/``: ``sampler``'s
 ``scheduler_patches`` with ``store``, our spawned entry point ``scheduler_process``; ``v0_5_12/``: sglang's plugin
 seam, ``plugin`` -> ``scheduler_hooks`` into sglang's ``customized_info`` -> ``tokenizer_hooks``) ->
 ``tokenizer_patches`` (``meta_info["output_token_entropy"]``, both versions). ``engine.install`` turns it all on
-(``server_args`` refuses unsupported settings; ``patching`` guards every patch). ``generate``/``report``:
-deprecated aliases of ``treetune_verl.generation.quick_run`` / ``records`` / ``heatmap`` (one release). Specs:
+(``server_args`` refuses unsupported settings; ``patching`` guards every patch). Specs:
 ``treetune_specs/2026-11-22-sglang-entropy-extraction.md``, ``2026-11-24-current-stack-engine.md``; map:
 ``agent-docs/architecture.md``.
 """

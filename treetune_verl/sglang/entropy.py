@@ -9,9 +9,6 @@ rule), change this module; everything downstream only moves the numbers.
 
 from __future__ import annotations
 
-import importlib
-import warnings
-
 import torch
 
 from treetune_verl.sglang.config import EntropyConfig, validate_top_k
@@ -64,24 +61,3 @@ def entropy_for_sampling(
     if config.mode == "tempered":
         logits = logits.float() / temperatures
     return compute_entropy(logits, config.top_k)
-
-
-# Names that lived here until 0.1.0; importable from their old place for one release.
-_MOVED = {
-    "EntropyStore": "treetune_verl.sglang.v0_5_6_post2.store",
-    "ENV_TOP_K": "treetune_verl.sglang.config",
-    "ENV_MODE": "treetune_verl.sglang.config",
-    "ENTROPY_MODES": "treetune_verl.sglang.config",
-    "custom_run_scheduler_process": "treetune_verl.sglang.v0_5_6_post2.scheduler_process",
-}
-
-
-def __getattr__(name: str):
-    if name in _MOVED:
-        warnings.warn(
-            f"treetune_verl.sglang.entropy.{name} moved to {_MOVED[name]}.{name}; the old path goes in 0.2",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -19,7 +19,7 @@ Features and the keys that turn them on (any subset, the blocks in any order on 
   entropy_forecast``).
 
 Over-sampling and the forecast also need our actor entry point in ``actor_rollout_ref.model.external_lib``
-(:data:`ACTOR_SETUP_MODULE`, which both blocks name; the old per-feature modules still count). No pair of features
+(:data:`ACTOR_SETUP_MODULE`, which both blocks name). No pair of features
 conflicts but one, for now (managed sessions of several rows with over-sampling); what is refused is a feature
 without its prerequisite, or with a verl setting it does not cover, and the message names both keys.
 """
@@ -55,8 +55,6 @@ DEFAULT_MAX_STALENESS = 2  # steps: a token sampled at step k trains at step k +
 ROLLOUT_CORRECTION_KEY = "algorithm.rollout_correction"
 EXTERNAL_LIB_KEY = "actor_rollout_ref.model.external_lib"
 ACTOR_SETUP_MODULE = "treetune_verl.trainer.actor_setup"
-# Deprecated aliases of ACTOR_SETUP_MODULE (one release): they install the same.
-ACTOR_SETUP_ALIASES = ("treetune_verl.ppo.actor_setup", "treetune_verl.forecast.actor_setup")
 WORKER_IMPL_KEY = "trainer.use_legacy_worker_impl"
 ESTIMATOR_KEY = "algorithm.adv_estimator"
 STEERING_KEY = f"{ROLLOUT}.custom.entropy.pg_token_quantile / advantage_shaping.alpha"
@@ -89,7 +87,7 @@ def external_libs(config: Any) -> list[str]:
 
 
 def has_actor_setup(config: Any) -> bool:
-    return any(lib in (ACTOR_SETUP_MODULE, *ACTOR_SETUP_ALIASES) for lib in external_libs(config))
+    return ACTOR_SETUP_MODULE in external_libs(config)
 
 
 def _flag(config: Any, key: str) -> bool:

@@ -64,8 +64,6 @@ def test_check_over_sample_config_refuses_settings_that_train_aborted_rows_wrong
     check_over_sample_config(
         _config(actor_rollout_ref={"model": {"external_lib": ["mine", "treetune_verl.trainer.actor_setup"]}})
     )
-    for alias in ("treetune_verl.ppo.actor_setup", "treetune_verl.forecast.actor_setup"):  # deprecated names
-        check_over_sample_config(_config(actor_rollout_ref={"model": {"external_lib": alias}}))
     for estimator in ("grpo", "rloo", "grpo_vectorized"):  # whole groups: verl's own statistics are right
         check_over_sample_config(_config(algorithm={"adv_estimator": estimator}))
     with pytest.raises(ValueError, match="adv_estimator=gpg: its batch-wide scale .* Use one of: .*grpo,"):

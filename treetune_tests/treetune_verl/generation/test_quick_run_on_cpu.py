@@ -1,16 +1,13 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
 """The main job of ``make run`` (``python -m treetune_verl.generation.quick_run``) end to end on a real CPU Engine,
-its records and heat-map page, and the deprecated old paths (``treetune_verl.sglang.generate`` / ``.report``)."""
+its records and heat-map page."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import os
-import subprocess
-import sys
 import warnings
 
 import pytest
@@ -98,42 +95,3 @@ def test_quiet_known_notices_filters_only_the_known_notices(monkeypatch):
     assert [w.filename for w in caught] == ["x.py"] and len(caught) == 1  # only the one from another module shows
     options = os.environ["PYTHONWARNINGS"].split(",")
     assert options[0] == "default" and "ignore:Only CUDA:UserWarning:sglang.srt.layers.quantization.gguf" in options
-
-
-def _old_cli(*options: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}  # Python's default warning filters
-    command = [sys.executable, *options, "-m", "treetune_verl.sglang.generate", "--help"]
-    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
-
-
-def test_old_cli_path_warns_and_still_runs_the_new_job():
-    result = _old_cli()
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "--top-k" in result.stdout and "--max-new-tokens" in result.stdout  # quick_run's own options
-    assert "DeprecationWarning" in result.stderr and "treetune_verl.generation.quick_run" in result.stderr
-    refused = _old_cli("-W", "error::DeprecationWarning")
-    assert refused.returncode != 0 and "DeprecationWarning" in refused.stderr and "--top-k" not in refused.stdout
-
-
-@pytest.mark.parametrize(
-    ("old", "new", "names"),
-    [
-        ("sglang.generate", "generation.quick_run", ["main", "parse_args", "load_prompts", "quiet_known_notices"]),
-        (
-            "sglang.report",
-            "generation.records",
-            ["record_from_output", "entropy_summary", "format_table", "write_jsonl"],
-        ),
-        ("sglang.report", "generation.heatmap", ["HEATMAP_CSS", "entropy_legend", "token_heatmap", "render_html"]),
-    ],
-)
-def test_old_import_paths_warn_and_give_the_moved_objects(monkeypatch, old, new, names):
-    old, new = f"treetune_verl.{old}", importlib.import_module(f"treetune_verl.{new}")
-    monkeypatch.delitem(sys.modules, old, raising=False)  # a fresh import, which is what warns
-    with pytest.warns(DeprecationWarning, match=rf"{old} is deprecated.*{new.__name__}"):
-        module = importlib.import_module(old)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # reading a moved name does not warn again
-        assert all(getattr(module, name) is getattr(new, name) for name in names)
-    with pytest.raises(AttributeError):
-        _ = module.no_such_name

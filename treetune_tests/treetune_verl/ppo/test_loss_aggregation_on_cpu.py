@@ -329,17 +329,13 @@ def test_ulysses_sequence_parallel_is_refused(patched):
 
 
 ACTOR_SETUP_SCRIPT = """
-import importlib, sys, warnings
+import importlib, sys
 from verl.trainer.ppo import core_algos, rollout_corr_helper
 from verl.workers.actor import dp_actor
 from verl.workers.fsdp_workers import ActorRolloutRefWorker
 from treetune_verl.patching import is_patched
 
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    importlib.import_module(sys.argv[1])
-warned = [w for w in caught if issubclass(w.category, DeprecationWarning) and "trainer.actor_setup" in str(w.message)]
-print("deprecated:", bool(warned))
+importlib.import_module(sys.argv[1])
 assert is_patched(core_algos, "agg_loss") and is_patched(dp_actor, "agg_loss")
 assert is_patched(dp_actor.DataParallelPPOActor, "update_policy")
 assert is_patched(rollout_corr_helper, "compute_rollout_corr_metrics_from_logprobs")
@@ -353,19 +349,10 @@ except RuntimeError as error:
 """
 
 
-@pytest.mark.parametrize(
-    ("module", "deprecated"),
-    [
-        ("treetune_verl.trainer.actor_setup", False),
-        ("treetune_verl.ppo.actor_setup", True),  # the old names install the same, with a warning
-        ("treetune_verl.forecast.actor_setup", True),
-    ],
-)
-def test_actor_setup_installs_in_a_legacy_worker_and_refuses_the_new_one(module, deprecated):
-    command = [sys.executable, "-c", ACTOR_SETUP_SCRIPT, module]
+def test_actor_setup_installs_in_a_legacy_worker_and_refuses_the_new_one():
+    command = [sys.executable, "-c", ACTOR_SETUP_SCRIPT, "treetune_verl.trainer.actor_setup"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert f"deprecated: {deprecated}" in result.stdout
     assert "trainer.use_legacy_worker_impl=auto" in result.stdout
 
 

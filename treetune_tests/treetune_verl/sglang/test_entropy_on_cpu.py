@@ -1,22 +1,18 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""``entropy``: the formula (``compute_entropy``, ``entropy_for_sampling``) and the old import paths it forwards.
+"""``entropy``: the formula (``compute_entropy``, ``entropy_for_sampling``).
 
 Plain torch, no sglang. Reference: :func:`reference_entropy`, written here in float64 over the finite entries
 (``softmax`` and explicit ``-sum p log p``, top-k by sorting), and closed forms (uniform: log V, log k; one-hot: 0).
 """
 
-import importlib
 import math
-import warnings
 
 import pytest
 import torch
 
-from treetune_verl.sglang import config as config_mod
 from treetune_verl.sglang.config import EntropyConfig
 from treetune_verl.sglang.entropy import compute_entropy, entropy_for_sampling
-from treetune_verl.sglang.v0_5_6_post2 import scheduler_process, store
 
 
 def reference_entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -152,37 +148,3 @@ class TestEntropyForSampling:
         before = logits.clone()
         entropy_for_sampling(logits, temperatures, EntropyConfig(top_k=6, mode="tempered"))
         assert torch.equal(logits, before)
-
-
-# Names that lived in treetune_verl.sglang.entropy until 0.1.0 and where they live now.
-MOVED = {
-    "EntropyStore": store,
-    "ENV_TOP_K": config_mod,
-    "ENV_MODE": config_mod,
-    "ENTROPY_MODES": config_mod,
-    "custom_run_scheduler_process": scheduler_process,
-}
-
-
-class TestDeprecatedImportPaths:
-    @pytest.mark.parametrize("name", list(MOVED))
-    def test_old_path_still_imports_the_same_object_and_warns(self, name):
-        module = MOVED[name]
-        old = importlib.import_module("treetune_verl.sglang.entropy")
-        with pytest.warns(
-            DeprecationWarning, match=rf"treetune_verl\.sglang\.entropy\.{name} moved to {module.__name__}\."
-        ):
-            value = getattr(old, name)
-        assert value is getattr(module, name)
-
-    def test_from_import_warns(self):
-        with pytest.warns(DeprecationWarning, match="EntropyStore moved to treetune_verl.sglang.v0_5_6_post2.store"):
-            from treetune_verl.sglang.entropy import EntropyStore
-        assert EntropyStore is store.EntropyStore
-
-    def test_current_names_do_not_warn_and_unknown_names_fail(self):
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            from treetune_verl.sglang.entropy import compute_entropy as current  # noqa: F401
-        with pytest.raises(ImportError):
-            from treetune_verl.sglang.entropy import no_such_name  # noqa: F401
