@@ -13,10 +13,17 @@ update's optimizer steps. From them, per forecast:
   one), ± ``probe/warning/rate_se``;
 - ``probe/warning/steps_to_fraction``: training steps until the entropy falls to ``fraction`` of its value at that
   rate, ``ln(fraction) / rate`` (at most ``10 · horizon``, its value when the rate is not negative);
-- ``probe/warning/collapse`` = 1.0 when ``steps_to_fraction <= horizon`` and the rate is negative beyond ``z`` of its
-  standard errors, from the ``skip + 1``-th forecast on (the first forecasts are skipped: Adam's first step moves
-  every parameter by the learning rate, whatever its gradient's size, and is no sample of the run's later steps; on
-  the CPU study's SmolLM2 runs it is the largest step of the run, ‖Δθ‖ ≈ 1.05 against 0.2-0.75 after it);
+- ``probe/warning/rate_on_policy`` ± ``_se``, ``steps_to_fraction_on_policy``: the same from the on-policy forecast
+  (``probe/token/deltaH1_on_policy``: the tangent plus the shift of the states' distribution, which the rollout
+  entropy, the curve that collapses, also moves with; NaN where the forecast has none, the backward method);
+- ``probe/warning/collapse`` = 1.0 when, for either forecast, ``steps_to_fraction <= horizon`` and the rate is negative
+  beyond ``z`` of its standard errors, from the ``skip + 1``-th forecast on (the first forecasts are skipped: Adam's
+  first step moves every parameter by the learning rate, whatever its gradient's size, and is no sample of the run's
+  later steps; on the CPU study's SmolLM2 runs it is the largest step of the run, ‖Δθ‖ ≈ 1.05 against 0.2-0.75 after
+  it); ``probe/warning/collapse_on_policy`` = 1.0 when the on-policy forecast's does. Why both: on a pinned study run
+  the rollout entropy fell by a third in one step (1.44 → 0.94 nats, responses 20 → 10 tokens) while the tangent
+  forecast E's states' change at −0.044 nats; the on-policy forecast said −0.24 ± 0.06 (``on_policy: false``: the
+  tangent's alone);
 - ``probe/warning/disagreement_z`` = ``|realised − ΔH₁| / error_se`` and ``probe/warning/disagree_streak``, the
   consecutive forecasts with ``z > z``; ``probe/warning/disagree`` = 1.0 when the streak reaches ``consecutive``: the
   first-order forecast does not describe this run's steps;
@@ -43,6 +50,9 @@ logger = logging.getLogger(__name__)
 
 PREFIX = "probe/warning/"
 TOKEN = "probe/token/"
+# The forecasts whose rate is projected, by their probe/token/ key: the tangent at E's states (ΔH₁) and the on-policy
+# forecast (the tangent plus the shift of the states' distribution, token_entropy.py).
+PROJECTED = {"tangent": "deltaH1", "on_policy": "deltaH1_on_policy"}
 REMOVED_KEYS = {"floor": "the warning is relative to the entropy now: `fraction` within `horizon` steps"}
 
 
@@ -58,6 +68,7 @@ class WarningSettings:
     skip: int = 1
     z: float = 2.0
     consecutive: int = 3
+    on_policy: bool = True  # also project the on-policy forecast (below): a collapse warning from either
 
 
 @dataclass
@@ -67,10 +78,10 @@ class EarlyWarning:
     settings: WarningSettings = field(default_factory=WarningSettings)
     forecasts: int = 0
     streak: int = 0
-    _rates: deque = field(init=False)  # the last `window` (relative rate, its standard error) pairs
+    _rates: dict[str, deque] = field(init=False)  # per projected forecast, the last `window` (rate, its SE) pairs
 
     def __post_init__(self) -> None:
-        self._rates = deque(maxlen=self.settings.window)
+        self._rates = {source: deque(maxlen=self.settings.window) for source in PROJECTED}
 
     def observe(self, metrics: Mapping[str, float], log: bool = True) -> dict[str, float]:
         """The ``probe/warning/*`` metrics of one forecast's ``probe/*`` metrics; logs a warning line for each
@@ -85,26 +96,28 @@ class EarlyWarning:
         steps = _get(metrics, "probe/optimizer_steps")
         h_before = _get(metrics, TOKEN + "H_before")
         entropy = h_before + _get(metrics, TOKEN + "deltaH_realised")
-        se = metrics.get(TOKEN + "deltaH1_se", math.nan)
         scale = steps / h_before if h_before > 0 else math.nan
-        self._rates.append((forecast * scale, se * scale))
-        rate = sum(r for r, _ in self._rates) / len(self._rates)
-        rate_se = math.sqrt(sum(e * e for _, e in self._rates)) / len(self._rates)
-        cap = 10.0 * s.horizon  # a rate that is not negative, or too slow to matter
-        to_fraction = min(math.log(s.fraction) / rate, cap) if rate < 0 else cap
-        significant = rate + s.z * rate_se < 0  # NaN compares False: no standard error, no warning
-        collapse = self.forecasts > s.skip and to_fraction <= s.horizon and significant
+        projections = {}
+        for source, key in PROJECTED.items():
+            value = forecast if source == "tangent" else metrics.get(TOKEN + key, math.nan)
+            if source == "on_policy" and not s.on_policy:
+                value = math.nan  # not projected: never warns
+            projections[source] = self._project(source, value, metrics.get(TOKEN + key + "_se", math.nan), scale)
+        rate, rate_se, to_fraction, collapse = projections["tangent"]
+        collapse = any(warns for *_, warns in projections.values())
         error_se = metrics.get(TOKEN + "error_se", math.nan)
         realised = _get(metrics, TOKEN + "deltaH_realised_first_step")
         z = abs(realised - forecast) / error_se if error_se > 0 else math.nan
         self.streak = self.streak + 1 if z > s.z else 0  # NaN compares False: no evidence ends a streak
         disagree = self.streak >= s.consecutive
-        if log and collapse:
-            logger.warning(
-                f"entropy early warning (forecast {self.forecasts}): the forecast rate {rate:+.3%} per training step "
-                f"(± {rate_se:.3%}) brings the token entropy ({entropy:.4g} nats) to {s.fraction:g} of its value in "
-                f"{to_fraction:.1f} steps (horizon {s.horizon})"
-            )
+        for source, (p_rate, p_se, p_steps, warns) in projections.items():
+            if log and warns:
+                logger.warning(
+                    f"entropy early warning (forecast {self.forecasts}): the {source} forecast's rate {p_rate:+.3%} "
+                    f"per training step (± {p_se:.3%}) brings the token entropy ({entropy:.4g} nats) to "
+                    f"{s.fraction:g} of its value in {p_steps:.1f} steps (horizon {s.horizon})"
+                )
+        on_rate, on_se, on_steps, on_warns = projections["on_policy"]
         if log and disagree:
             logger.warning(
                 f"entropy early warning (forecast {self.forecasts}): forecast ΔH₁ and the realised change disagree "
@@ -118,9 +131,26 @@ class EarlyWarning:
             PREFIX + "steps_to_fraction": to_fraction,
             PREFIX + "disagreement_z": z,
             PREFIX + "disagree_streak": float(self.streak),
+            PREFIX + "rate_on_policy": on_rate,
+            PREFIX + "rate_on_policy_se": on_se,
+            PREFIX + "steps_to_fraction_on_policy": on_steps,
+            PREFIX + "collapse_on_policy": float(on_warns),
             PREFIX + "collapse": float(collapse),
             PREFIX + "disagree": float(disagree),
         }
+
+    def _project(self, source: str, forecast: float, se: float, scale: float) -> tuple[float, float, float, bool]:
+        """``(rate, rate_se, steps_to_fraction, warns)`` of one projected forecast, its rate averaged over the last
+        ``window`` forecasts; NaN (no forecast, e.g. the on-policy one of the backward method) never warns."""
+        s = self.settings
+        rates = self._rates[source]
+        rates.append((forecast * scale, se * scale))
+        rate = sum(r for r, _ in rates) / len(rates)
+        rate_se = math.sqrt(sum(e * e for _, e in rates)) / len(rates)
+        cap = 10.0 * s.horizon  # a rate that is not negative, or too slow to matter
+        to_fraction = min(math.log(s.fraction) / rate, cap) if rate < 0 else cap
+        significant = rate + s.z * rate_se < 0  # NaN compares False: no standard error, no warning
+        return rate, rate_se, to_fraction, self.forecasts > s.skip and to_fraction <= s.horizon and significant
 
 
 def warning_settings(section: Any, where: str) -> WarningSettings:
@@ -147,6 +177,8 @@ def warning_settings(section: Any, where: str) -> WarningSettings:
     fraction = values["fraction"]
     if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 < fraction < 1:
         raise ValueError(f"{where}.fraction must be a number in (0, 1), got {fraction!r}")
+    if not isinstance(values["on_policy"], bool):
+        raise ValueError(f"{where}.on_policy must be true or false, got {values['on_policy']!r}")
     z = values["z"]
     if isinstance(z, bool) or not isinstance(z, int | float) or not math.isfinite(z) or z < 0:
         raise ValueError(f"{where}.z must be a finite number >= 0, got {z!r}")

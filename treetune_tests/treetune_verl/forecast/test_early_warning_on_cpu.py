@@ -86,6 +86,23 @@ def test_the_rate_averages_the_window_and_counts_every_optimizer_step():
     assert metrics["probe/warning/entropy"] == pytest.approx(0.98 - 0.06)  # E's entropy after the whole update
 
 
+def test_the_on_policy_forecast_warns_on_its_own_and_only_when_projected():
+    """A sudden collapse the tangent does not see (E's states changed by -2 % per step: no warning) but the on-policy
+    forecast does (-15 % ± 3 %: halving in 4.3 steps, 5 SEs below 0); numbers of a pinned study run, rounded."""
+    steps = [_forecast(1.5, 0.0, 0.0), _forecast(1.5, -0.03, -0.03)]
+    steps[1] |= {"probe/token/deltaH1_on_policy": -0.225, "probe/token/deltaH1_on_policy_se": 0.045}
+    on, off = EarlyWarning(SETTINGS), EarlyWarning(WarningSettings(on_policy=False))
+    seen_on = [on.observe(m) for m in steps]
+    seen_off = [off.observe(m) for m in steps]
+    assert seen_on[1]["probe/warning/collapse"] == 1.0 and seen_on[1]["probe/warning/collapse_on_policy"] == 1.0
+    assert seen_on[1]["probe/warning/rate"] == pytest.approx(-0.02)  # the tangent's rate alone: quiet
+    assert seen_on[1]["probe/warning/rate_on_policy"] == pytest.approx(-0.15)
+    assert seen_on[1]["probe/warning/steps_to_fraction_on_policy"] == pytest.approx(math.log(0.5) / -0.15)
+    assert seen_off[1]["probe/warning/collapse"] == 0.0 and math.isnan(seen_off[1]["probe/warning/rate_on_policy"])
+    # a forecast without the on-policy figure (the backward method): NaN, and the tangent alone decides
+    assert math.isnan(seen_on[0]["probe/warning/rate_on_policy"]) and seen_on[0]["probe/warning/collapse"] == 0.0
+
+
 def test_missing_metrics_are_named():
     with pytest.raises(KeyError, match="probe/optimizer_steps"):
         EarlyWarning(SETTINGS).observe({"probe/token/deltaH1": 0.0, "probe/token/H_before": 1.0})
@@ -101,6 +118,7 @@ def test_missing_metrics_are_named():
         ({"skip": -1}, r"early_warning.skip must be an integer >= 0"),
         ({"fraction": 1.0}, r"early_warning.fraction must be a number in \(0, 1\)"),
         ({"z": float("inf")}, r"early_warning.z must be a finite number >= 0"),
+        ({"on_policy": "yes"}, r"early_warning.on_policy must be true or false"),
         ("on", r"must be a mapping"),
     ],
 )

@@ -364,6 +364,8 @@ def test_the_early_warning_reads_the_token_forecast_and_warns_before_entropy_hal
     for m in sharpening:
         rate = m["probe/token/deltaH1"] / m["probe/token/H_before"]  # one optimizer step per update
         assert m["probe/warning/rate"] == pytest.approx(rate, rel=1e-12)
+        on_policy = m["probe/token/deltaH1_on_policy"] / m["probe/token/H_before"]  # the second projected forecast
+        assert m["probe/warning/rate_on_policy"] == pytest.approx(on_policy, rel=1e-12)
     assert sharpening[0]["probe/warning/collapse"] == 0.0  # skipped, however steep
     quiet = _updates_with_warnings(str(tmp_path / "b"), lr=1e-6, updates=8)
     assert all(m["probe/warning/collapse"] == 0.0 for m in quiet), [m["probe/warning/rate"] for m in quiet]

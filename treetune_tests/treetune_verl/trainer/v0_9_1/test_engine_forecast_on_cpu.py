@@ -210,6 +210,11 @@ def test_engine_worker_forecast_matches_the_plain_reference(tiny_model_dir, tmp_
         assert ("probe/token/deltaH_softmax" in metrics) == (method == "central_difference")
         rate = metrics["probe/token/deltaH1"] / metrics["probe/token/H_before"]
         assert metrics["probe/warning/rate"] == pytest.approx(rate, rel=1e-12)  # the warning reads the token forecast
+        if "probe/token/deltaH1_on_policy" in metrics:  # and the on-policy one (not the backward method's)
+            on_policy = metrics["probe/token/deltaH1_on_policy"] / metrics["probe/token/H_before"]
+            assert metrics["probe/warning/rate_on_policy"] == pytest.approx(on_policy, rel=1e-12)
+        else:
+            assert math.isnan(metrics["probe/warning/rate_on_policy"])
         assert metrics["timing_s/probe"] > 0 and "actor/pg_loss" in metrics  # verl's own metrics pass through
         assert (metrics["probe/sample_s"] == 0) == (world > 1)  # the rollout's E: nothing sampled in the actor
     print({key: value for key, value in reported[0].items() if "deltaH" in key})
