@@ -63,7 +63,7 @@ export PIP_CACHE_DIR      ?= $(CURDIR)/.cache/pip
 export HF_HUB_OFFLINE     := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup run generate analyze probe test test-stack test-fast e2e study lint bench bench-probe
+.PHONY: setup run generate analyze probe test test-stack test-fast e2e e2e-multi-node study lint bench bench-probe
 
 setup: $(STAMP)
 
@@ -123,6 +123,12 @@ E2E_MODEL ?= smollm2
 E2E_VARIANT ?= base
 e2e: setup
 	E2E_MODEL=$(E2E_MODEL) E2E_VARIANT=$(E2E_VARIANT) PYTHON=$(PY) bash treetune_tests/e2e/test_entropy_e2e.sh $(ARGS)
+
+## make e2e on a Ray cluster that already runs (RAY_ADDRESS), as `ray job submit` users run verl: two raylets on this
+## machine from clean environments, one training process per node, the metrics file checked (README, "On a Ray cluster
+## that already runs").
+e2e-multi-node: setup
+	PYTHON=$(PY) bash treetune_tests/e2e/multi_node_e2e.sh $(ARGS)
 
 ## Is the entropy forecast right? A collapsing and a stable GRPO run of verl's main_ppo with the forecast at every step
 ## (SmolLM2 on CPU), each step printed as it lands, then outputs/study/report.html (+ PNGs, study.json). Options via

@@ -42,7 +42,9 @@
 #
 # Env: E2E_MODEL (smollm2 | tiny: the random tiny Qwen2 of treetune_tests/tiny_model.py), MODEL_PATH (overrides
 # E2E_MODEL), E2E_DEVICE (auto | cpu | cuda), E2E_VARIANT (above), E2E_STEPS (trainer.total_training_steps; default
-# per variant), E2E_NPROC (training processes = declared GPUs on CPU; default 1 for base, 2 otherwise),
+# per variant), E2E_NPROC (training processes = declared GPUs on CPU; default 1 for base, 2 otherwise), E2E_NNODES
+# (trainer.nnodes, default 1: E2E_NPROC / E2E_NNODES processes per node; with RAY_ADDRESS, a running cluster of that
+# many nodes: README, "On a Ray cluster that already runs"),
 # E2E_WORKDIR (default per variant), E2E_RESUME_FROM (resume only), E2E_OVER_SAMPLE (rollout.over_sample_rate, above), E2E_CARRY_OVER=1 (with E2E_OVER_SAMPLE: aborted groups resumed at the next step, with verl's token-level rollout correction), E2E_PG_TOKEN_QUANTILE (forking tokens, above), E2E_FORECAST=<k> (the live entropy forecast every k steps, below), E2E_PROBE=1 (also select the probing manager,
 # treetune_tests/e2e/e2e_probe.py, and check the shape/dtype/mask alignment of every rollout's
 # batch["rollout_entropy"]), E2E_MAX_PROBS_DIFF / E2E_MIN_PEARSON (bounds at every step; CPU defaults 1e-3 / 0.999,
@@ -74,6 +76,11 @@ case "$VARIANT" in
 esac
 STEPS=${E2E_STEPS:-$DEFAULT_STEPS}
 NPROC=${E2E_NPROC:-$DEFAULT_NPROC}
+NNODES=${E2E_NNODES:-1}
+if (( NNODES < 1 || NPROC % NNODES )); then
+    echo "FAIL: E2E_NPROC=$NPROC training processes do not split over E2E_NNODES=$NNODES nodes" >&2
+    exit 1
+fi
 DEFAULT_WORK=$ROOT/outputs/e2e
 [[ "$VARIANT" != base ]] && DEFAULT_WORK=$ROOT/outputs/e2e-$VARIANT
 WORK=${E2E_WORKDIR:-$DEFAULT_WORK}
@@ -177,8 +184,8 @@ ARGS=(
     actor_rollout_ref.rollout.agent.num_workers=1
     actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4
     trainer.logger=['console','file']
-    trainer.n_gpus_per_node=$NPROC
-    trainer.nnodes=1
+    trainer.n_gpus_per_node=$((NPROC / NNODES))
+    trainer.nnodes=$NNODES
     trainer.total_training_steps=$STEPS
     trainer.val_before_train=$VALIDATE
     trainer.test_freq=$TEST_FREQ
@@ -205,11 +212,17 @@ if [[ "$DEVICE" == cpu ]]; then
     # (flash-attn only); fp32 actor and reference compute to match the fp32 CPU engine; the project's CPU sglang
     # engine settings (treetune_verl/sglang/engine.py:CPU_ENGINE_KWARGS) and no torch_memory_saver (CUDA only); no Ray
     # dashboard (its head and its modules are about ten processes started with every run, on two cores).
+    # A cluster that already runs (RAY_ADDRESS) has its own resources: ray.init refuses to size it.
+    if [[ -z "${RAY_ADDRESS:-}" ]]; then
+        ARGS+=(
+            ray_kwargs.ray_init.num_cpus=$((8 * NPROC))
+            +ray_kwargs.ray_init.num_gpus=$NPROC
+            +ray_kwargs.ray_init.include_dashboard=False
+        )
+        [[ "$STACK" == pinned ]] && ARGS+=("+ray_kwargs.ray_init.resources={cpu:$((4 * NPROC))}")
+    fi
     ARGS+=(
         trainer.device=cpu
-        ray_kwargs.ray_init.num_cpus=$((8 * NPROC))
-        +ray_kwargs.ray_init.num_gpus=$NPROC
-        +ray_kwargs.ray_init.include_dashboard=False
         actor_rollout_ref.actor.strategy=fsdp2
         actor_rollout_ref.actor.fsdp_config.dtype=float32
         actor_rollout_ref.ref.fsdp_config.dtype=float32
@@ -229,9 +242,7 @@ if [[ "$DEVICE" == cpu ]]; then
         +actor_rollout_ref.rollout.engine_kwargs.sglang.sleep_on_idle=True
         +actor_rollout_ref.rollout.engine_kwargs.sglang.enable_memory_saver=False
     )
-    if [[ "$STACK" == pinned ]]; then
-        ARGS+=("+ray_kwargs.ray_init.resources={cpu:$((4 * NPROC))}")
-    else
+    if [[ "$STACK" == current ]]; then
         # verl 0.9.1 (treetune_specs/2026-11-24-current-stack-trainer.md): the `cpu` platform of
         # tools/cpu_shims/verl_cpu/cpu_platform.py makes the bundles {"CPU": 1}, so no custom resource; 8 CPUs per
         # process leave room for TransferQueue's storage units (num_cpus=1 each, 8 by default: one is enough here);
@@ -297,6 +308,16 @@ if [[ -n "$FORECAST" ]]; then
         actor_rollout_ref.rollout.custom.entropy_forecast.every="$FORECAST"
     )
 fi
+# What the run's Ray processes read from this script's environment goes through Ray's runtime environment as well:
+# a driver that joins a running cluster (RAY_ADDRESS, as `ray job submit` users run verl) does not pass its own
+# environment to raylets started from theirs (verl's file logger reads VERL_FILE_LOGGER_PATH in the TaskRunner, which
+# runs on the cluster). On several machines these paths must be on a filesystem the TaskRunner's node shares.
+METRICS="$WORK/metrics.jsonl"
+PROBE_DIR="$WORK/probe"
+ARGS+=(
+    "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH=$METRICS"
+    "+ray_kwargs.ray_init.runtime_env.env_vars.TREETUNE_E2E_PROBE_DIR=$PROBE_DIR"
+)
 ARGS+=("$@")
 
 if [[ "$PRINT_ARGS" == 1 ]]; then
@@ -322,8 +343,8 @@ if [[ "$DEVICE" == cpu ]]; then
     fi
 fi
 export RAY_TMPDIR=${RAY_TMPDIR:-/tmp/treetune_e2e_ray}
-export VERL_FILE_LOGGER_PATH="$WORK/metrics.jsonl"
-export TREETUNE_E2E_PROBE_DIR="$WORK/probe"
+export VERL_FILE_LOGGER_PATH="$METRICS"
+export TREETUNE_E2E_PROBE_DIR="$PROBE_DIR"
 rm -rf "$TREETUNE_E2E_PROBE_DIR" "$VERL_FILE_LOGGER_PATH" "$WORK/summary.json" "$WORK/validation"
 mkdir -p "$RAY_TMPDIR"
 # Checkpoints: base and full start from scratch (resume_mode=disable; stale checkpoints removed), resume from a copy
