@@ -260,6 +260,16 @@ else
     ARGS+=(actor_rollout_ref.rollout.gpu_memory_utilization=0.4)
 fi
 
+# What the run's Ray processes read from this script's environment goes through Ray's runtime environment as well:
+# a driver that joins a running cluster (RAY_ADDRESS, as `ray job submit` users run verl) does not pass its own
+# environment to raylets started from theirs (verl's file logger reads VERL_FILE_LOGGER_PATH in the TaskRunner, which
+# runs on the cluster). On several machines these paths must be on a filesystem the TaskRunner's node shares.
+METRICS="$WORK/metrics.jsonl"
+PROBE_DIR="$WORK/probe"
+ARGS+=(
+    "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH=$METRICS"
+    "+ray_kwargs.ray_init.runtime_env.env_vars.TREETUNE_E2E_PROBE_DIR=$PROBE_DIR"
+)
 if [[ "$BLOCK" == 1 ]]; then
     ARGS+=("${ENTROPY_OVERRIDES[@]}")
     [[ "$STACK" == current ]] && ARGS+=(actor_rollout_ref.model.external_lib=treetune_verl.trainer.actor_setup)
@@ -308,16 +318,6 @@ if [[ -n "$FORECAST" ]]; then
         actor_rollout_ref.rollout.custom.entropy_forecast.every="$FORECAST"
     )
 fi
-# What the run's Ray processes read from this script's environment goes through Ray's runtime environment as well:
-# a driver that joins a running cluster (RAY_ADDRESS, as `ray job submit` users run verl) does not pass its own
-# environment to raylets started from theirs (verl's file logger reads VERL_FILE_LOGGER_PATH in the TaskRunner, which
-# runs on the cluster). On several machines these paths must be on a filesystem the TaskRunner's node shares.
-METRICS="$WORK/metrics.jsonl"
-PROBE_DIR="$WORK/probe"
-ARGS+=(
-    "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH=$METRICS"
-    "+ray_kwargs.ray_init.runtime_env.env_vars.TREETUNE_E2E_PROBE_DIR=$PROBE_DIR"
-)
 ARGS+=("$@")
 
 if [[ "$PRINT_ARGS" == 1 ]]; then
