@@ -16,14 +16,16 @@ update's optimizer steps. From them, per forecast:
 - ``probe/warning/rate_on_policy`` ± ``_se``, ``steps_to_fraction_on_policy``: the same from the on-policy forecast
   (``probe/token/deltaH1_on_policy``: the tangent plus the shift of the states' distribution, which the rollout
   entropy, the curve that collapses, also moves with; NaN where the forecast has none, the backward method);
-- ``probe/warning/collapse`` = 1.0 when, for either forecast, ``steps_to_fraction <= horizon`` and the rate is negative
-  beyond ``z`` of its standard errors, from the ``skip + 1``-th forecast on (the first forecasts are skipped: Adam's
+- ``probe/warning/collapse`` = 1.0 when ``steps_to_fraction <= horizon`` and the rate is negative beyond ``z`` of its
+  standard errors, from the ``skip + 1``-th forecast on (the first forecasts are skipped: Adam's
   first step moves every parameter by the learning rate, whatever its gradient's size, and is no sample of the run's
   later steps; on the CPU study's SmolLM2 runs it is the largest step of the run, ‖Δθ‖ ≈ 1.05 against 0.2-0.75 after
-  it); ``probe/warning/collapse_on_policy`` = 1.0 when the on-policy forecast's does. Why both: on a pinned study run
-  the rollout entropy fell by a third in one step (1.44 → 0.94 nats, responses 20 → 10 tokens) while the tangent
-  forecast E's states' change at −0.044 nats; the on-policy forecast said −0.24 ± 0.06 (``on_policy: false``: the
-  tangent's alone);
+  it). ``probe/warning/collapse_on_policy`` = 1.0 when the on-policy forecast's projection meets the same condition;
+  it counts in ``collapse`` only with ``on_policy: true`` (default false). Measured on the study's runs
+  (``treetune_specs/2026-11-28-forecast-calibration.md``): where the rollout entropy fell by a third in one step
+  (1.44 → 0.94 nats, responses 20 → 10 tokens) the tangent forecast E's states' change at −0.044 nats and the on-policy
+  forecast at −0.24 ± 0.06, a warning one step earlier (lead 2 instead of 1); but on a held-out stable arm it warned
+  once (−4.6 % ± 1.3 % per step) where the tangent stayed quiet, on every stable arm so far;
 - ``probe/warning/disagreement_z`` = ``|realised − ΔH₁| / error_se`` and ``probe/warning/disagree_streak``, the
   consecutive forecasts with ``z > z``; ``probe/warning/disagree`` = 1.0 when the streak reaches ``consecutive``: the
   first-order forecast does not describe this run's steps;
@@ -68,7 +70,7 @@ class WarningSettings:
     skip: int = 1
     z: float = 2.0
     consecutive: int = 3
-    on_policy: bool = True  # also project the on-policy forecast (below): a collapse warning from either
+    on_policy: bool = False  # also warn from the on-policy forecast's projection (module docstring: measured trade-off)
 
 
 @dataclass
@@ -100,24 +102,22 @@ class EarlyWarning:
         projections = {}
         for source, key in PROJECTED.items():
             value = forecast if source == "tangent" else metrics.get(TOKEN + key, math.nan)
-            if source == "on_policy" and not s.on_policy:
-                value = math.nan  # not projected: never warns
             projections[source] = self._project(source, value, metrics.get(TOKEN + key + "_se", math.nan), scale)
         rate, rate_se, to_fraction, collapse = projections["tangent"]
-        collapse = any(warns for *_, warns in projections.values())
+        on_rate, on_se, on_steps, on_warns = projections["on_policy"]
+        collapse = collapse or (s.on_policy and on_warns)
         error_se = metrics.get(TOKEN + "error_se", math.nan)
         realised = _get(metrics, TOKEN + "deltaH_realised_first_step")
         z = abs(realised - forecast) / error_se if error_se > 0 else math.nan
         self.streak = self.streak + 1 if z > s.z else 0  # NaN compares False: no evidence ends a streak
         disagree = self.streak >= s.consecutive
         for source, (p_rate, p_se, p_steps, warns) in projections.items():
-            if log and warns:
+            if log and warns and (source == "tangent" or s.on_policy):
                 logger.warning(
                     f"entropy early warning (forecast {self.forecasts}): the {source} forecast's rate {p_rate:+.3%} "
                     f"per training step (± {p_se:.3%}) brings the token entropy ({entropy:.4g} nats) to "
                     f"{s.fraction:g} of its value in {p_steps:.1f} steps (horizon {s.horizon})"
                 )
-        on_rate, on_se, on_steps, on_warns = projections["on_policy"]
         if log and disagree:
             logger.warning(
                 f"entropy early warning (forecast {self.forecasts}): forecast ΔH₁ and the realised change disagree "

@@ -4,7 +4,7 @@
 said at each step, from a run's ``metrics.jsonl`` alone (the forecast's ``probe/*`` metrics verl's file logger wrote).
 
     python -m treetune_verl.forecast.replay_warning outputs/study/collapsing/metrics.jsonl outputs/study/stable/metrics.jsonl
-    python -m treetune_verl.forecast.replay_warning RUN.jsonl --set on_policy=false horizon=10
+    python -m treetune_verl.forecast.replay_warning RUN.jsonl --set on_policy=true horizon=10
 
 Per run: the collapse step (rollout entropy below ½ of the first step's, as the study counts it), the steps the rule
 warns at, and the first warning's lead. How the rule was judged on runs recorded before it changed
@@ -72,8 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     for run in args.runs:
         result = replay(run, settings)
         print(
-            f"{result.run}: collapse step {result.collapse_step}, warnings at {list(result.warned)}, "
-            f"lead {result.lead}"
+            f"{result.run}: collapse step {result.collapse_step}, warnings at {list(result.warned)}, lead {result.lead}"
         )
 
 

@@ -86,21 +86,27 @@ def test_the_rate_averages_the_window_and_counts_every_optimizer_step():
     assert metrics["probe/warning/entropy"] == pytest.approx(0.98 - 0.06)  # E's entropy after the whole update
 
 
-def test_the_on_policy_forecast_warns_on_its_own_and_only_when_projected():
+def test_the_on_policy_forecast_is_projected_always_and_warns_only_when_asked(caplog):
     """A sudden collapse the tangent does not see (E's states changed by -2 % per step: no warning) but the on-policy
-    forecast does (-15 % ± 3 %: halving in 4.3 steps, 5 SEs below 0); numbers of a pinned study run, rounded."""
+    forecast does (-15 % ± 3 %: halving in 4.3 steps, 5 SEs below 0); numbers of a pinned study run, rounded. Its
+    projection is reported either way; it warns only with ``on_policy=True`` (default off)."""
     steps = [_forecast(1.5, 0.0, 0.0), _forecast(1.5, -0.03, -0.03)]
     steps[1] |= {"probe/token/deltaH1_on_policy": -0.225, "probe/token/deltaH1_on_policy_se": 0.045}
-    on, off = EarlyWarning(SETTINGS), EarlyWarning(WarningSettings(on_policy=False))
-    seen_on = [on.observe(m) for m in steps]
-    seen_off = [off.observe(m) for m in steps]
-    assert seen_on[1]["probe/warning/collapse"] == 1.0 and seen_on[1]["probe/warning/collapse_on_policy"] == 1.0
-    assert seen_on[1]["probe/warning/rate"] == pytest.approx(-0.02)  # the tangent's rate alone: quiet
-    assert seen_on[1]["probe/warning/rate_on_policy"] == pytest.approx(-0.15)
-    assert seen_on[1]["probe/warning/steps_to_fraction_on_policy"] == pytest.approx(math.log(0.5) / -0.15)
-    assert seen_off[1]["probe/warning/collapse"] == 0.0 and math.isnan(seen_off[1]["probe/warning/rate_on_policy"])
-    # a forecast without the on-policy figure (the backward method): NaN, and the tangent alone decides
-    assert math.isnan(seen_on[0]["probe/warning/rate_on_policy"]) and seen_on[0]["probe/warning/collapse"] == 0.0
+    on, default = EarlyWarning(WarningSettings(on_policy=True)), EarlyWarning(SETTINGS)
+    assert not SETTINGS.on_policy
+    with caplog.at_level(logging.WARNING, logger="treetune_verl.forecast.early_warning"):
+        seen_default = [default.observe(m) for m in steps]
+        assert not caplog.records  # the default rule: quiet, and no line
+        seen_on = [on.observe(m) for m in steps]
+    assert seen_on[1]["probe/warning/collapse"] == 1.0 and "the on_policy forecast's rate" in caplog.text
+    for seen in (seen_on, seen_default):
+        assert seen[1]["probe/warning/collapse_on_policy"] == 1.0
+        assert seen[1]["probe/warning/rate"] == pytest.approx(-0.02)  # the tangent's rate alone: quiet
+        assert seen[1]["probe/warning/rate_on_policy"] == pytest.approx(-0.15)
+        assert seen[1]["probe/warning/steps_to_fraction_on_policy"] == pytest.approx(math.log(0.5) / -0.15)
+        # a forecast without the on-policy figure (the backward method): NaN, no warning from it
+        assert math.isnan(seen[0]["probe/warning/rate_on_policy"]) and seen[0]["probe/warning/collapse"] == 0.0
+    assert seen_default[1]["probe/warning/collapse"] == 0.0
 
 
 def test_missing_metrics_are_named():

@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Replaying the early warning over a run's ``metrics.jsonl``: the steps, collapse and lead written out here for a
 synthetic run (rates of 0 %, then 1 %, 5 %, 5 % per step: the rule warns from the first 5 %; entropy below ½ at step 5),
-the settings applied (``on_policy=false``), a typo in them refused, steps without a forecast skipped."""
+the settings applied (``on_policy=true``), a typo in them refused, steps without a forecast skipped."""
 
 from __future__ import annotations
 
@@ -46,14 +46,14 @@ def run(tmp_path):
 
 
 def test_the_replay_gives_the_rules_warnings_the_collapse_and_the_lead(run):
-    both = replay(run, WarningSettings())
+    both = replay(run, WarningSettings(on_policy=True))
     assert both.collapse_step == 5 and both.warned == (2, 4, 5) and both.lead == 3
-    tangent = replay(run, WarningSettings(on_policy=False))
+    tangent = replay(run, WarningSettings())
     assert tangent.warned == (4, 5) and tangent.lead == 1
 
 
 def test_the_command_line_applies_and_checks_the_settings(run, capsys):
-    main([str(run), "--set", "on_policy=false"])
-    assert "collapse step 5, warnings at [4, 5], lead 1" in capsys.readouterr().out
+    main([str(run), "--set", "on_policy=true"])
+    assert "collapse step 5, warnings at [2, 4, 5], lead 3" in capsys.readouterr().out
     with pytest.raises(ValueError, match="horizn: unknown key; did you mean 'horizon'"):
         main([str(run), "--set", "horizn=10"])
