@@ -51,9 +51,12 @@ ARMS = {"collapsing": 1e-4, "stable": 1e-5}  # AdamW learning rate per arm
 COMMON = ["data.max_response_length=32", "actor_rollout_ref.actor.optim.lr_warmup_steps=6"]
 
 
-def arm_overrides(lr: float, seed: int | None, record_dir: Path | None) -> list[str]:
-    """The Hydra overrides of one arm, after the e2e script's own."""
+def arm_overrides(lr: float, seed: int | None, record_dir: Path | None, rollout_n: int | None = None) -> list[str]:
+    """The Hydra overrides of one arm, after the e2e script's own (``rollout_n``: responses per prompt, both the
+    step's GRPO groups and E's; the e2e script's 2 when ``None``)."""
     overrides = [*COMMON, f"actor_rollout_ref.actor.optim.lr={lr:g}", f"{FORECAST}.eval_share=1.0"]
+    if rollout_n is not None:
+        overrides.append(f"actor_rollout_ref.rollout.n={rollout_n}")
     if seed is not None:
         overrides.append(f"data.seed={seed}")
     if record_dir is not None:
@@ -94,7 +97,7 @@ def run_arm(arm: str, steps: int, args: argparse.Namespace) -> Path:
         "E2E_WORKDIR": str(work),
         "PYTHON": sys.executable,
     }
-    command = ["bash", str(E2E_SCRIPT), *arm_overrides(ARMS[arm], args.seed, record)]
+    command = ["bash", str(E2E_SCRIPT), *arm_overrides(ARMS[arm], args.seed, record, args.rollout_n)]
     metrics, output = work / "metrics.jsonl", work / "e2e_output.txt"
     seed = "verl's default" if args.seed is None else args.seed
     print(f"[study {arm}] {args.model}, {steps} steps, lr {ARMS[arm]:g}, data.seed {seed}: {work}", flush=True)
@@ -129,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="smollm2", choices=("smollm2", "tiny"), help="tiny: the tests' random Qwen2")
     parser.add_argument("--seed", type=int, default=None, help="data.seed: the order of the prompts (default: verl's)")
     parser.add_argument("--record", action="store_true", help="one file per forecast with E's token values")
+    parser.add_argument(
+        "--rollout-n", type=int, default=None, help="responses per prompt (GRPO group and E; default: the e2e's 2)"
+    )
     parser.add_argument("--report-only", action="store_true", help="rebuild the report from the arms' metrics")
     args = parser.parse_args(argv)
     arms = [a for a in args.arms.split(",") if a]

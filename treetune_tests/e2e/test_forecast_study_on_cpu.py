@@ -24,6 +24,8 @@ def test_arm_overrides_set_the_learning_rate_warm_up_budget_and_records(tmp_path
     assert f"+actor_rollout_ref.rollout.custom.entropy_forecast.record_dir={tmp_path}" in overrides
     assert not any(o.startswith("data.seed") for o in overrides)  # verl's prompt order unless --seed
     assert "data.seed=3" in arm_overrides(1e-4, 3, None)
+    assert "actor_rollout_ref.rollout.n=4" in arm_overrides(1e-4, None, None, rollout_n=4)
+    assert not any(o.startswith("actor_rollout_ref.rollout.n=") for o in arm_overrides(1e-4, None, None))
 
 
 def test_the_study_job_runs_an_arm_and_writes_its_report(tmp_path):

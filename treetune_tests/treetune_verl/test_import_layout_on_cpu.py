@@ -283,6 +283,10 @@ VERL_ONLY = {
     "treetune_verl.agent_loop.worker_tq": "0.9.1",
     "treetune_verl.trainer.v0_9_1.over_sample_sampler": "0.9.1",
     "treetune_verl.agent_loop.entropy_tool_agent_loop": "0.7.1",
+    "treetune_verl.agent_loop.entropy_manager": "0.7.1",
+    "treetune_verl.agent_loop.over_sample_worker": "0.7.1",
+    "treetune_verl.agent_loop.session_server_manager": "0.7.1",
+    "treetune_verl.agent_loop.worker": "0.7.1",
 }
 
 

@@ -9,6 +9,11 @@ stays ``sglang``: the FSDP workers look the name up in their own registry (``wor
 
 from __future__ import annotations
 
+# ruff: noqa: E402  (verl 0.7.1 only: the guard runs before verl's imports, which fail on verl 0.9.1)
+from treetune_verl.verl_guard import VERL
+
+VERL.require("agent-loop manager (verl 0.9.1's: entropy_manager_tq.py)")
+
 import contextlib
 import logging
 import time

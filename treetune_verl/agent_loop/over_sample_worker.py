@@ -16,6 +16,11 @@ trajectory that produced no token, which verl's ``_agent_loop_postprocess`` cann
 
 from __future__ import annotations
 
+# ruff: noqa: E402  (verl 0.7.1 only: the guard runs before verl's imports, which fail on verl 0.9.1)
+from treetune_verl.verl_guard import VERL
+
+VERL.require("over-sampling worker (verl 0.9.1's: over_sample_worker_tq.py)")
+
 import asyncio
 import contextlib
 import logging

@@ -13,6 +13,11 @@ that row's turns before the turn is sent (the live forecast starts E's requests 
 
 from __future__ import annotations
 
+# ruff: noqa: E402  (verl 0.7.1 only: the guard runs before verl's imports, which fail on verl 0.9.1)
+from treetune_verl.verl_guard import VERL
+
+VERL.require("session server manager (verl 0.9.1's: resuming_client.py)")
+
 import asyncio
 from typing import Any
 from uuid import uuid4

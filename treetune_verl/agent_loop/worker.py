@@ -24,6 +24,11 @@ entropy agent loops in verl's registry of the worker's process.
 
 from __future__ import annotations
 
+# ruff: noqa: E402  (verl 0.7.1 only: the guard runs before verl's imports, which fail on verl 0.9.1)
+from treetune_verl.verl_guard import VERL
+
+VERL.require("agent-loop worker (verl 0.9.1's: worker_tq.py)")
+
 from typing import Any
 
 import numpy as np
