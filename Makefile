@@ -29,7 +29,7 @@ PYTEST_ARGS ?=
 # buffer on a real Engine, GRPO with carry-over),
 # managed agents that train (sessions of two rows on a real Engine in the V1 rollout file, GRPO), the start-up check
 # of every key of our rollout.custom sections, the import layout (each module alone under verl 0.9.1, the pinned-only
-# ones refused naming verl 0.7.1).
+# ones refused naming verl 0.7.1), the entropy probe (torch only).
 CURRENT_TESTS := \
 	treetune_tests/treetune_verl/sglang/test_entropy_engine_on_cpu.py \
 	treetune_tests/treetune_verl/sglang/test_current_stack_on_cpu.py \
@@ -48,6 +48,7 @@ CURRENT_TESTS := \
 	treetune_tests/treetune_verl/trainer/v0_9_1 \
 	treetune_tests/treetune_verl/trainer/test_custom_keys_on_cpu.py \
 	treetune_tests/treetune_verl/test_import_layout_on_cpu.py \
+	treetune_tests/treetune_verl/probe \
 	treetune_tests/treetune_verl/ppo/test_padding_rows_v0_9_1_on_cpu.py \
 	treetune_tests/e2e/test_verl_cpu_patches_on_cpu.py \
 	treetune_tests/e2e/test_check_metrics_on_cpu.py \

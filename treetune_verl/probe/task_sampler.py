@@ -45,11 +45,14 @@ class ArithmeticBatchSampler:
         """Prompt ids: chat-templated user turn (when the tokenizer has a template) plus the assistant pre-fill."""
         prefill = self.tokenizer(item.prefill, add_special_tokens=False)["input_ids"]
         if self.cfg.generation.use_chat_template and getattr(self.tokenizer, "chat_template", None):
+            # return_dict=False: transformers 5 returns a BatchEncoding by default (not a dict: its list is its keys)
             ids = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": item.question}], add_generation_prompt=True, tokenize=True
+                [{"role": "user", "content": item.question}],
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
             )
-            ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
-            return ids + list(prefill)
+            return list(ids) + list(prefill)
         question = self.tokenizer(item.question + "\n", add_special_tokens=False)["input_ids"]
         return list(question) + list(prefill)
 
