@@ -13,9 +13,16 @@ import difflib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from omegaconf import DictConfig, OmegaConf
+
 # difflib's ratio above which a name counts as a misspelling of another (``top_kk`` / ``top_k`` 0.91,
 # ``entropy_forcast`` / ``entropy_forecast`` 0.97, ``every`` / ``seed`` 0.44).
 CLOSE_MATCH = 0.6
+
+
+def plain(value: Any) -> Any:
+    """A settings section as plain containers (an OmegaConf ``DictConfig`` resolved to a dict; anything else as is)."""
+    return OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else value
 
 
 def closest(name: str, known: Iterable[str], cutoff: float = CLOSE_MATCH) -> str | None:

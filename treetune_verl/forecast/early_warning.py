@@ -100,9 +100,9 @@ class EarlyWarning:
         entropy = h_before + _get(metrics, TOKEN + "deltaH_realised")
         scale = steps / h_before if h_before > 0 else math.nan
         projections = {}
-        for source, key in PROJECTED.items():
-            value = forecast if source == "tangent" else metrics.get(TOKEN + key, math.nan)
-            projections[source] = self._project(source, value, metrics.get(TOKEN + key + "_se", math.nan), scale)
+        for source, key in PROJECTED.items():  # NaN: a forecast this run does not report
+            value, se = metrics.get(TOKEN + key, math.nan), metrics.get(TOKEN + key + "_se", math.nan)
+            projections[source] = self._project(source, value, se, scale)
         rate, rate_se, to_fraction, collapse = projections["tangent"]
         on_rate, on_se, on_steps, on_warns = projections["on_policy"]
         collapse = collapse or (s.on_policy and on_warns)

@@ -44,7 +44,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from treetune_verl.config.job_config import is_int
-from treetune_verl.config.keys import check_known_keys
+from treetune_verl.config.keys import check_known_keys, plain
 from treetune_verl.forecast.early_warning import WarningSettings, warning_settings
 from treetune_verl.probe.config import resolve_config
 
@@ -95,17 +95,13 @@ def _get(config: Any, key: str) -> Any:
     return getattr(config, key, None)
 
 
-def _plain(value: Any) -> Any:
-    return OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else value
-
-
 def forecast_settings(rollout_config: Any) -> ForecastSettings | None:
     """``ForecastSettings`` from a rollout config (DictConfig, dict or verl's ``RolloutConfig``), or ``None`` (off).
 
     Raises:
         ValueError: an unknown key or a bad value, naming ``actor_rollout_ref.rollout.custom.entropy_forecast.<key>``.
     """
-    section = _plain(_get(_get(rollout_config, "custom"), "entropy_forecast"))
+    section = plain(_get(_get(rollout_config, "custom"), "entropy_forecast"))
     if section is None:
         return None
     if not isinstance(section, Mapping):
@@ -138,10 +134,10 @@ def forecast_settings(rollout_config: Any) -> ForecastSettings | None:
     method = section.get("method", "auto")
     if method not in METHODS:
         raise ValueError(f"{SECTION}.method must be one of {list(METHODS)}, got {method!r}")
-    probe = _plain(section.get("probe")) or {}
+    probe = plain(section.get("probe")) or {}
     if not isinstance(probe, Mapping):
         raise ValueError(f"{SECTION}.probe must be a mapping (a partial probe config), got {probe!r}")
-    early_warning = warning_settings(_plain(section.get("early_warning")), f"{SECTION}.early_warning")
+    early_warning = warning_settings(plain(section.get("early_warning")), f"{SECTION}.early_warning")
     record_dir = section.get("record_dir")
     if record_dir is not None and (not isinstance(record_dir, str) or not record_dir):
         raise ValueError(f"{SECTION}.record_dir must be a non-empty path or null, got {record_dir!r}")

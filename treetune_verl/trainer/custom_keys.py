@@ -19,9 +19,7 @@ from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
-from treetune_verl.config.keys import check_known_keys, closest
+from treetune_verl.config.keys import check_known_keys, closest, plain
 from treetune_verl.forecast.early_warning import WarningSettings
 from treetune_verl.forecast.settings import KEYS as FORECAST_KEYS
 from treetune_verl.ppo.entropy_advantage import SHAPING_KEYS, STEERING_KEYS
@@ -70,7 +68,7 @@ def check_custom_keys(rollout_config: Any) -> None:
         ValueError: naming the full key (``actor_rollout_ref.rollout.custom.entropy.top_kk``) and the closest valid
             one; or a section name that is a near-miss of ours (``custom.entropy_forcast``).
     """
-    custom = _plain(read_key(rollout_config, "custom"))
+    custom = plain(read_key(rollout_config, "custom"))
     if not custom:
         return
     if not isinstance(custom, Mapping):
@@ -95,7 +93,3 @@ def _check_tree(section: Any, tree: Tree, where: str) -> None:
     for key, subtree in tree.items():
         if subtree is not None and key in section:
             _check_tree(section[key], subtree, f"{where}.{key}")
-
-
-def _plain(value: Any) -> Any:
-    return OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else value
