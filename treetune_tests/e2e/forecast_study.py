@@ -4,22 +4,22 @@
 entropy collapses and one whose entropy stays, the forecast at every step, then a report (``make study``).
 
     make study                                   # both arms, outputs/study/{collapsing,stable}/ and report.html
-    make study STACK=current                     # the same on verl 0.9.1 + sglang 0.5.12
+    make study STACK=pinned                      # the same on verl 0.7.1 + sglang 0.5.6.post2
     python treetune_tests/e2e/forecast_study.py --arms collapsing --collapsing-steps 20 --root outputs/study-b --seed 3
 
 Each arm is ``treetune_tests/e2e/test_entropy_e2e.sh`` (the e2e run: Ray, FSDP2 actor, sglang CPU Engine, the
 rollout-entropy block and ``E2E_FORECAST=1``: the forecast block, every step) with:
 
-- ``collapsing``: AdamW lr 1e-4 (the e2e run's), warmed up over 6 steps, 4 prompts x 2 responses of up to 32 tokens
-  per step: on CPU its rollout entropy falls below half of step 1's within ~12 steps
+- ``collapsing``: AdamW lr 1e-4 (the e2e run's), warmed up over 6 steps, 4 prompts x 4 responses of up to 32 tokens
+  per step (``--rollout-n``): on CPU its rollout entropy falls below half of step 1's within ~10 steps
   (``treetune_specs/2026-11-28-forecast-calibration.md``);
-- ``stable``: the same at lr 1e-5;
+- ``stable``: the same at lr 5e-6 (1e-5 at 2 responses per prompt: at 4 it fell by half in 11 steps);
 
-and E = every prompt of the step (``eval_share=1.0``: 4 prompts x 2 fresh responses), ``data.seed`` = ``--seed``
+and E = every prompt of the step (``eval_share=1.0``: 4 prompts x 4 fresh responses; at 2 responses per prompt the
+forecast's standard error was 0.4-0.65 of the change on the pinned runs, at 4 it is 0.23-0.31), ``data.seed`` = ``--seed``
 when given (the prompts' order; verl's default order otherwise) and, with ``--record``, one file per forecast with E's token values (``forecast/record.py``).
-Each arm's step is printed as it lands (rollout entropy, reward, length, forecast ± SE, the forecast exact in the softmax, realised ± SE,
-warning); the
-report (``treetune_verl.forecast.study_report``) then writes ``report.html`` with its PNGs and ``study.json`` under
+Each arm's step is printed as it lands (rollout entropy, reward, length, the forecast exact in the softmax ± its
+predictive SE, its first-order term ΔH₁ ± SE, realised ± SE, warning); the report (``treetune_verl.forecast.study_report``) then writes ``report.html`` with its PNGs and ``study.json`` under
 ``--root``. The arms run one after the other on the whole machine; an arm that fails stops the study (its output is
 in ``<root>/<arm>/e2e_output.txt``).
 """
@@ -34,13 +34,16 @@ import sys
 import time
 from pathlib import Path
 
-from treetune_verl.forecast.calibration import read_run
+from treetune_verl.forecast.calibration import predictive_se, read_run
 from treetune_verl.forecast.study_report import write_report
 
 ROOT = Path(__file__).resolve().parents[2]
 E2E_SCRIPT = ROOT / "treetune_tests" / "e2e" / "test_entropy_e2e.sh"
 FORECAST = "actor_rollout_ref.rollout.custom.entropy_forecast"
-ARMS = {"collapsing": 1e-4, "stable": 1e-5}  # AdamW learning rate per arm
+# AdamW learning rate per arm (--collapsing-lr, --stable-lr). The stable arm's: at 4 responses per prompt lr 1e-5
+# (the stable arm's at 2) took the rollout entropy from 1.58 to 0.81 nats in 11 steps on the current stack (more groups
+# with unequal rewards: larger steps), with the collapse warning at steps 11-12.
+ARMS = {"collapsing": 1e-4, "stable": 5e-6}
 
 
 # Both arms, after the e2e script's settings: a 32-token response budget (the reward's format pays for short answers;
@@ -74,8 +77,8 @@ def progress_line(arm: str, step) -> str:
     """One step of an arm on the console."""
     return (
         f"[study {arm}] step {step.step:3d}  rollout entropy {step.rollout_entropy:.3f}  reward {step.reward:.3f}  "
-        f"length {step.response_length:5.1f}  forecast {_fmt(step.forecast, step.forecast_se)}  "
-        f"softmax {_fmt(step.softmax, math.nan)}  realised {_fmt(step.realised, step.realised_se)}  "
+        f"length {step.response_length:5.1f}  forecast {_fmt(step.softmax, predictive_se(step))}  "
+        f"ΔH₁ {_fmt(step.forecast, step.forecast_se)}  realised {_fmt(step.realised, step.realised_se)}  "
         f"{'WARNING' if step.warning else ''}"
     ).rstrip()
 
@@ -97,10 +100,14 @@ def run_arm(arm: str, steps: int, args: argparse.Namespace) -> Path:
         "E2E_WORKDIR": str(work),
         "PYTHON": sys.executable,
     }
-    command = ["bash", str(E2E_SCRIPT), *arm_overrides(ARMS[arm], args.seed, record, args.rollout_n)]
+    lr = getattr(args, f"{arm}_lr")
+    command = ["bash", str(E2E_SCRIPT), *arm_overrides(lr, args.seed, record, args.rollout_n or None)]
     metrics, output = work / "metrics.jsonl", work / "e2e_output.txt"
     seed = "verl's default" if args.seed is None else args.seed
-    print(f"[study {arm}] {args.model}, {steps} steps, lr {ARMS[arm]:g}, data.seed {seed}: {work}", flush=True)
+    print(
+        f"[study {arm}] {args.model}, {steps} steps, lr {lr:g}, n {args.rollout_n or 2}, data.seed {seed}: {work}",
+        flush=True,
+    )
     start, shown = time.monotonic(), 0
     with output.open("w") as out:
         process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -129,11 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arms", default="collapsing,stable", help="comma-separated, of: " + ", ".join(ARMS))
     parser.add_argument("--collapsing-steps", type=int, default=18)
     parser.add_argument("--stable-steps", type=int, default=12)
+    parser.add_argument("--collapsing-lr", type=float, default=ARMS["collapsing"])
+    parser.add_argument("--stable-lr", type=float, default=ARMS["stable"])
     parser.add_argument("--model", default="smollm2", choices=("smollm2", "tiny"), help="tiny: the tests' random Qwen2")
     parser.add_argument("--seed", type=int, default=None, help="data.seed: the order of the prompts (default: verl's)")
     parser.add_argument("--record", action="store_true", help="one file per forecast with E's token values")
     parser.add_argument(
-        "--rollout-n", type=int, default=None, help="responses per prompt (GRPO group and E; default: the e2e's 2)"
+        "--rollout-n", type=int, default=4, help="responses per prompt (the GRPO group and E's; 0: the e2e's 2)"
     )
     parser.add_argument("--report-only", action="store_true", help="rebuild the report from the arms' metrics")
     args = parser.parse_args(argv)

@@ -30,7 +30,7 @@ def test_arm_overrides_set_the_learning_rate_warm_up_budget_and_records(tmp_path
 
 def test_the_study_job_runs_an_arm_and_writes_its_report(tmp_path):
     command = [sys.executable, str(ROOT / "treetune_tests/e2e/forecast_study.py"), "--model", "tiny"]
-    command += ["--arms", "stable", "--stable-steps", "2", "--record", "--root", str(tmp_path)]
+    command += ["--arms", "stable", "--stable-steps", "2", "--rollout-n", "2", "--record", "--root", str(tmp_path)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     lines = [line for line in result.stdout.splitlines() if line.startswith("[study stable] step")]

@@ -28,8 +28,22 @@ Collapse (``collapse_step``): the first step whose rollout entropy is below ``fr
 warning's lead is the number of steps from the first collapse warning to it.
 
 The forecast exact in the softmax (``probe/token/deltaH_softmax``, ``softmax_tangent.py``: the logits moved along
-their tangent, the entropy taken exactly) gets the same figures (``softmax_same_states``, ``softmax_held_out``)
-against the same realised changes.
+their tangent, the entropy taken exactly), the predictor the study judges first, gets the same figures
+(``softmax_same_states``, ``softmax_held_out``) against the same realised changes, and at the same states its
+**predictive** standard error, the error bar of "the realised change will be here":
+
+    SE_pred = √(SE_paired² + (ΔH_softmax − ΔH₁)²)
+
+the paired difference's sampling error plus the part of the step the forecast leaves out, the network's own curvature
+along Δθ (ℓ's second-order term), taken to be of the size of the curvature it does include, the softmax's
+(ΔH_softmax − ΔH₁): on the runs where both were measured the network's curvature was as large as the softmax's and
+of either sign (``treetune_specs/2026-11-28-forecast-calibration.md``). ``coverage_predictive``: the share of steps
+with |realised − ΔH_softmax| ≤ 2 SE_pred; ``median_predictive_se``. The combined SE counts the shared sampling error
+twice, the paired SE counts no model error: the predictive SE is the one a calibrated forecast is judged by at the
+same states, and the one a controller acting on the forecast can trust.
+
+``pooled`` gives the same figures over the forecast steps of several runs (e.g. every collapsing run): 18 steps of
+one run put ±2 SE coverage in steps of 5.6 %, so the 90-98 % band is one miss wide there.
 """
 
 from __future__ import annotations
@@ -177,24 +191,41 @@ _COLUMNS = {
 
 
 def z_scores(steps: list[Step], kind: str, forecast: str = "first_order") -> list[float]:
-    """(realised − forecast) / its standard error per forecast step: ``combined`` √(SE_f² + SE_r²) or ``paired``
-    (the paired difference's) at the same states, or ``held_out`` (combined, the halves' values); of the
-    ``first_order`` forecast ΔH₁ or the ``softmax`` one."""
+    """(realised − forecast) / its standard error per forecast step: ``combined`` √(SE_f² + SE_r²), ``paired``
+    (the paired difference's) or ``predictive`` (the softmax forecast's, :func:`predictive_se`) at the same states,
+    or ``held_out`` (combined, the halves' values); of the ``first_order`` forecast ΔH₁ or the ``softmax`` one."""
+    if kind == "predictive" and forecast != "softmax":
+        raise ValueError("the predictive standard error is the softmax forecast's (forecast='softmax')")
     f, f_se, r, r_se, paired_se = _COLUMNS[forecast, "held_out" if kind == "held_out" else "same_states"]
     out = []
     for s in steps:
         difference = getattr(s, r) - getattr(s, f)
-        se = getattr(s, paired_se) if kind == "paired" else math.hypot(getattr(s, f_se), getattr(s, r_se))
+        if kind == "paired":
+            se = getattr(s, paired_se)
+        elif kind == "predictive":
+            se = predictive_se(s)
+        else:
+            se = math.hypot(getattr(s, f_se), getattr(s, r_se))
         out.append(difference / se if se > 0 else math.nan)
     return out
 
 
+def predictive_se(step: Step) -> float:
+    """The softmax forecast's predictive standard error at the same states (module docstring), nats per token."""
+    return math.hypot(step.softmax_error_se, step.softmax - step.forecast)
+
+
 def _figures(probed: list[Step], forecast: str, comparison: str) -> dict[str, float | int]:
-    """:func:`agreement` of one forecast in one comparison; at the same states with ``coverage_paired``."""
+    """:func:`agreement` of one forecast in one comparison; at the same states with ``coverage_paired``, and for the
+    softmax forecast there ``coverage_predictive`` and ``median_predictive_se``."""
     columns = _COLUMNS[forecast, comparison]
     figures = agreement(*([getattr(s, name) for s in probed] for name in columns[:4]))
     if comparison == "same_states":
         figures["coverage_paired"] = _share(z_scores(probed, "paired", forecast), lambda v: abs(v) <= 2)
+    if (forecast, comparison) == ("softmax", "same_states"):
+        figures["coverage_predictive"] = _share(z_scores(probed, "predictive", forecast), lambda v: abs(v) <= 2)
+        finite = [se for se in map(predictive_se, probed) if math.isfinite(se)]
+        figures["median_predictive_se"] = median(finite) if finite else math.nan
     return figures
 
 
@@ -240,15 +271,12 @@ def calibration(steps: list[Step]) -> dict:
     other half: independent samples), the same two of the forecast exact in the softmax (``softmax_same_states``,
     ``softmax_held_out``: absent for runs without it), and the run's collapse, warnings and cost."""
     probed = [s for s in steps if s.forecast_step]
-    same, held_out = _figures(probed, "first_order", "same_states"), _figures(probed, "first_order", "held_out")
-    softmax_same, softmax_held_out = _figures(probed, "softmax", "same_states"), _figures(probed, "softmax", "held_out")
     collapse = collapse_step(steps)
     first_warning = next((s.step for s in steps if s.warning), None)
     ratios = [s.probe_s / s.update_actor_s for s in steps if s.update_actor_s > 0]
     return {
         "steps": len(steps),
-        "same_states": same,
-        "held_out": held_out,
+        **agreement_sections(probed),
         "start_rollout_entropy": steps[0].rollout_entropy,
         "min_rollout_entropy": min(s.rollout_entropy for s in steps),
         "collapse_step": collapse,
@@ -257,11 +285,25 @@ def calibration(steps: list[Step]) -> dict:
         "warning_lead": (collapse - first_warning) if collapse is not None and first_warning is not None else None,
         "probe_over_update_actor": median(ratios) if ratios else math.nan,
         "eval_gen_token_share": median(s.eval_gen_share for s in steps) if probed else math.nan,
-    } | (
-        {"softmax_same_states": softmax_same, "softmax_held_out": softmax_held_out}
-        if softmax_same["forecast_steps"]
-        else {}
-    )
+    }
+
+
+def agreement_sections(probed: list[Step]) -> dict[str, dict]:
+    """The four forecast-vs-realised sections of :func:`calibration` over ``probed`` (forecast steps); the softmax
+    forecast's only where some step logged it."""
+    sections = {
+        "same_states": _figures(probed, "first_order", "same_states"),
+        "held_out": _figures(probed, "first_order", "held_out"),
+    }
+    softmax_same = _figures(probed, "softmax", "same_states")
+    if softmax_same["forecast_steps"]:
+        sections |= {"softmax_same_states": softmax_same, "softmax_held_out": _figures(probed, "softmax", "held_out")}
+    return sections
+
+
+def pooled(runs: list[list[Step]]) -> dict[str, dict]:
+    """:func:`agreement_sections` over the forecast steps of every run given, as one series."""
+    return agreement_sections([s for run in runs for s in run if s.forecast_step])
 
 
 def _share(values: list[float], ok) -> float:
@@ -272,6 +314,11 @@ def _share(values: list[float], ok) -> float:
 def run_json(steps: list[Step]) -> dict:
     """A run's steps and figures as plain JSON (NaN as null)."""
     return _plain({"calibration": calibration(steps), "steps": [asdict(s) for s in steps]})
+
+
+def figures_json(figures: dict) -> dict:
+    """Figures as plain JSON (NaN as null)."""
+    return _plain(figures)
 
 
 def _plain(value):

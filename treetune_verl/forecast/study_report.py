@@ -19,7 +19,7 @@ import json
 import math
 from pathlib import Path
 
-from treetune_verl.forecast.calibration import Step, calibration, read_run, run_json, z_scores
+from treetune_verl.forecast.calibration import Step, calibration, figures_json, pooled, read_run, run_json, z_scores
 
 COLOURS = ("tab:red", "tab:blue", "tab:green", "tab:purple")
 AGREEMENT_ROWS = (
@@ -29,6 +29,8 @@ AGREEMENT_ROWS = (
     ("clear_steps", "steps with |realised| > 2 SE", "{:d}"),
     ("coverage_combined", "|z| ≤ 2, combined SE", "{:.0%}"),
     ("coverage_paired", "|z| ≤ 2, paired SE", "{:.0%}"),
+    ("coverage_predictive", "|z| ≤ 2, predictive SE (paired + unforecast curvature)", "{:.0%}"),
+    ("median_predictive_se", "median predictive SE (nats/token)", "{:.4f}"),
     ("median_forecast_se", "median forecast SE (nats/token)", "{:.4f}"),
     ("median_abs_realised", "median |realised| (nats/token)", "{:.4f}"),
     ("se_over_realised", "median SE / median |realised|", "{:.2f}"),
@@ -44,11 +46,17 @@ RUN_ROWS = (
     ("probe_over_update_actor", "timing_s/probe / timing_s/update_actor", "{:.2f}"),
     ("eval_gen_token_share", "E's share of the rollout's tokens", "{:.2f}"),
 )
+# The forecast exact in the softmax first: the predictor the study ships (calibration.py); ΔH₁, its first-order term
+# (linear in Δθ, what the early warning projects), after it.
 TABLE_SECTIONS = (
-    ("Forecast vs realised at the same states (all of E)", "same_states", AGREEMENT_ROWS),
-    ("Held out: forecast from half of E's responses, realised on the other half", "held_out", AGREEMENT_ROWS),
-    ("Forecast exact in the softmax, at the same states", "softmax_same_states", AGREEMENT_ROWS),
-    ("Forecast exact in the softmax, held out", "softmax_held_out", AGREEMENT_ROWS),
+    (
+        "The forecast (exact in the softmax) vs realised, at the same states (all of E)",
+        "softmax_same_states",
+        AGREEMENT_ROWS,
+    ),
+    ("The forecast (exact in the softmax), held out", "softmax_held_out", AGREEMENT_ROWS),
+    ("Its first-order term ΔH₁ vs realised, at the same states", "same_states", AGREEMENT_ROWS),
+    ("ΔH₁ held out: from half of E's responses, realised on the other half", "held_out", AGREEMENT_ROWS),
     ("The run", None, RUN_ROWS),
 )
 
@@ -240,23 +248,31 @@ def render_html(figures: dict[str, dict], plots: dict[str, Path], base: Path, no
         "td,th{border:1px solid #ccc;padding:.2em .6em;text-align:left}th.section{background:#eee}"
         "figure{margin:1em 0}img{max-width:100%}"
         "</style></head><body><h1>Is the entropy forecast right?</h1>"
-        "<p>The forecast ΔH₁ is the first-order change of E's token entropy (the mean entropy of the policy's "
-        "next-token distribution over the states E's fresh responses visit, nats per token) along the update's "
-        "first optimizer step, taken before the update goes on; the realised change is measured at the same states "
-        "after that step. z = (realised − forecast) / SE with the combined SE √(SE_f² + SE_r²) or the paired "
-        "difference's SE. At the same states forecast and realised share their sampling error, so the combined SE "
-        "counts it twice and the paired SE judges the forecast's own (second-order) error; held out, the forecast "
-        "from half of E's responses meets the realised change on the other half: independent samples. The forecast "
-        "exact in the softmax moves the logits along their tangent (first order in the weights, the information "
-        "of ΔH₁) and takes the entropy exactly: where distributions have become peaked, H is far from linear in "
-        "the logits.</p>"
+        "<p>The forecast is the change of E's token entropy (the mean entropy of the policy's next-token "
+        "distribution over the states E's fresh responses visit, nats per token) over the update's first optimizer "
+        "step, taken before the update goes on: the logits moved along their tangent (first order in the weights) "
+        "and the entropy of the moved softmax taken exactly. ΔH₁, its first-order term, is linear in the step (the "
+        "figure the early warning projects); where distributions have become peaked, H is far from linear in the "
+        "logits and the two part. The realised change is measured at the same states after that step. z = "
+        "(realised − forecast) / SE with the combined SE √(SE_f² + SE_r²), the paired difference's SE, or the "
+        "forecast's predictive SE (paired, plus the network's curvature it leaves out, taken of the size of the "
+        "softmax's it includes). At the same states forecast and realised share their sampling error, so the "
+        "combined SE counts it twice; held out, the forecast from half of E's responses meets the realised change "
+        "on the other half: independent samples. A pooled column takes the forecast steps of several arms together "
+        "(18 steps of one arm put coverage in steps of 5.6 %).</p>"
         f"{notes}<h2>Figures</h2><table><tr><th></th>{head}</tr>{rows}</table><h2>Plots</h2>{images}</body></html>"
     )
 
 
-def write_report(metrics: dict[str, str | Path], out_dir: str | Path, notes: str = "") -> Path:
+def write_report(
+    metrics: dict[str, str | Path],
+    out_dir: str | Path,
+    notes: str = "",
+    pools: dict[str, list[str]] | None = None,
+) -> Path:
     """Read every arm's ``metrics.jsonl``, write the PNGs, ``report.html`` and ``study.json`` into ``out_dir``;
-    returns the page's path."""
+    returns the page's path. ``pools``: a column per name with the forecast figures over the named arms' forecast
+    steps together (``calibration.pooled``), e.g. ``{"collapsing runs": ["a", "b"]}``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     runs = {arm: read_run(path) for arm, path in metrics.items()}
@@ -267,12 +283,17 @@ def write_report(metrics: dict[str, str | Path], out_dir: str | Path, notes: str
         "Reward and response length": plot_reward_length(runs, out / "reward_length.png"),
     }
     figures = {arm: calibration(run) for arm, run in runs.items()}
-    pooled = [s for run in runs.values() for s in run]
+    for name, arms in (pools or {}).items():
+        unknown = [arm for arm in arms if arm not in runs]
+        if unknown or name in runs:
+            raise ValueError(f"pool {name!r}: arms {unknown} not among {list(runs)}, or its name is an arm's")
+        figures[name] = pooled([runs[arm] for arm in arms])
     study = {
         "arms": {arm: run_json(run) for arm, run in runs.items()},
+        "pools": {name: figures_json(figures[name]) for name in pools or {}},
         "metrics": {a: str(p) for a, p in metrics.items()},
     }
-    study["pooled_forecast_steps"] = len([s for s in pooled if s.forecast_step])
+    study["pooled_forecast_steps"] = sum(s.forecast_step for run in runs.values() for s in run)
     (out / "study.json").write_text(json.dumps(study, indent=1))
     page = out / "report.html"
     page.write_text(render_html(figures, plots, out, notes))
@@ -283,14 +304,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", help="arm=path/to/metrics.jsonl")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--pool", action="append", default=[], help="name=arm,arm: a column with those arms' forecast steps pooled"
+    )
     args = parser.parse_args(argv)
-    metrics = {}
+    metrics, pools = {}, {}
     for item in args.runs:
         arm, sep, path = item.partition("=")
         if not sep or not arm or not path:
             parser.error(f"{item!r}: expected arm=path/to/metrics.jsonl")
         metrics[arm] = Path(path)
-    print(write_report(metrics, args.out))
+    for item in args.pool:
+        name, sep, arms = item.partition("=")
+        if not sep or not name or not arms:
+            parser.error(f"--pool {item!r}: expected name=arm,arm")
+        pools[name] = arms.split(",")
+    print(write_report(metrics, args.out, pools=pools))
     return 0
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from treetune_tests.headless_browser import needs_chromium, probed_dom
-from treetune_verl.forecast.calibration import calibration, read_run
+from treetune_verl.forecast.calibration import calibration, pooled, read_run, z_scores
 from treetune_verl.forecast.plot import plot_forecast
 from treetune_verl.forecast.study_report import write_report
 from treetune_verl.forecast.token_entropy import TokenEntropyStats, ratio_and_se, ratio_moments
@@ -83,6 +83,10 @@ def test_pooled_token_entropy_and_its_standard_errors_match_numpy():
     assert math.isnan(ratio_and_se(ratio_moments(torch.tensor([1.0]), torch.tensor([2.0])))[1])  # one unit: no SE
 
 
+def _softmax_share(step: int) -> float:
+    return 0.2 if step % 2 else 0.6
+
+
 def _record(step, rollout, forecast=None, realised=None, se=0.01, warning=0.0, **extra):
     data = {
         "timing_s/agent_loop/rollout_entropy/mean": rollout,
@@ -108,6 +112,12 @@ def _record(step, rollout, forecast=None, realised=None, se=0.01, warning=0.0, *
             "probe/token/holdout/deltaH_realised_first_step": realised * 0.8,
             "probe/token/holdout/deltaH_realised_first_step_se": 2 * se,
             "probe/warning/collapse": warning,
+            # the softmax forecast: a fifth (odd steps) or 3/5 (even steps) of the way from ΔH₁ to the realised change
+            "probe/token/deltaH_softmax": forecast + _softmax_share(step) * (realised - forecast),
+            "probe/token/deltaH_softmax_se": se,
+            "probe/token/softmax_error_se": se / 4,
+            "probe/token/holdout/deltaH_softmax": 1.2 * forecast,
+            "probe/token/holdout/deltaH_softmax_se": 2 * se,
         }
     return {"step": step, "data": data}
 
@@ -153,6 +163,24 @@ def test_calibration_figures_follow_their_definitions(tmp_path):
     assert same["clear_steps"] == 5 and same["sign_agreement"] == pytest.approx(0.8)  # all but step 2; 4 of 5 agree
     assert same["coverage_paired"] == pytest.approx(np.mean(np.abs((realised - forecast) / 0.0025) <= 2))
     assert "coverage_paired" not in figures["held_out"]
+    # the softmax forecast's predictive SE: the paired one and its distance from ΔH₁, in quadrature
+    softmax = forecast + np.array([_softmax_share(step) for step in range(1, 7)]) * (realised - forecast)
+    predictive = np.sqrt(0.0025**2 + (softmax - forecast) ** 2)
+    got = figures["softmax_same_states"]
+    assert got["pearson"] == pytest.approx(np.corrcoef(softmax, realised)[0, 1])
+    assert got["coverage_predictive"] == pytest.approx(np.mean(np.abs(realised - softmax) <= 2 * predictive))
+    assert got["coverage_predictive"] == 0.5  # outside on odd steps (error 0.8 of the gap, SE 0.2), inside on even
+    assert got["median_predictive_se"] == pytest.approx(np.median(predictive))
+    assert (
+        "coverage_predictive" not in figures["same_states"] and "coverage_predictive" not in figures["softmax_held_out"]
+    )
+    with pytest.raises(ValueError, match="predictive standard error is the softmax forecast's"):
+        z_scores(run, "predictive")
+    # pooled over two runs: the figures of the steps of both, as one series
+    both = pooled([run, run[:3]])
+    f2, r2 = np.concatenate([softmax, softmax[:3]]), np.concatenate([realised, realised[:3]])
+    assert both["softmax_same_states"]["forecast_steps"] == 9
+    assert both["softmax_same_states"]["pearson"] == pytest.approx(np.corrcoef(f2, r2)[0, 1])
     assert (figures["collapse_step"], figures["first_warning_step"], figures["warning_lead"]) == (6, 3, 3)
     assert figures["warning_steps"] == 3 and figures["probe_over_update_actor"] == pytest.approx(0.3)
     with pytest.raises(ValueError, match="metrics.jsonl:2: not a verl file-logger record"):
@@ -174,8 +202,14 @@ def test_the_report_opens_in_headless_chromium_with_every_image(tmp_path):
     (naturalWidth > 0) and the table's arms, and writes the counts into the DOM that --dump-dom prints."""
     collapsing = _write(tmp_path / "collapsing.jsonl", _run_records())
     stable = _write(tmp_path / "stable.jsonl", [_record(i, 2.0, 0.001, 0.002) for i in range(1, 5)])
-    page = write_report({"collapsing": collapsing, "stable": stable}, tmp_path / "report")
+    page = write_report(
+        {"collapsing": collapsing, "stable": stable}, tmp_path / "report", pools={"both": ["collapsing", "stable"]}
+    )
     study = json.loads((tmp_path / "report" / "study.json").read_text())
+    assert study["pools"]["both"]["softmax_same_states"]["forecast_steps"] == 10  # 6 + 4 steps
+    assert study["pools"]["both"]["same_states"]["forecast_steps"] == 10
+    with pytest.raises(ValueError, match="pool 'x': arms \\['typo'\\] not among"):
+        write_report({"collapsing": collapsing}, tmp_path / "r2", pools={"x": ["typo"]})
     assert study["arms"]["collapsing"]["calibration"]["warning_lead"] == 3
     assert study["arms"]["stable"]["calibration"]["collapse_step"] is None  # null, not NaN, in the JSON
     assert len(study["arms"]["stable"]["steps"]) == 4
@@ -184,4 +218,4 @@ def test_the_report_opens_in_headless_chromium_with_every_image(tmp_path):
         "images=${document.images.length} loaded=${ok} arms=${document.querySelectorAll('table tr:first-child th')"
         ".length - 1}",
     )
-    assert 'data-probe="images=4 loaded=4 arms=2"' in result.stdout, result.stderr[-2000:]
+    assert 'data-probe="images=4 loaded=4 arms=3"' in result.stdout, result.stderr[-2000:]
