@@ -4,11 +4,14 @@
 # `make run` and `make test` are the README's contract: each works on a fresh CPU machine with nothing
 # installed, setting up its environment on first use (a few minutes) and reusing it afterwards.
 #
-# Two stacks: STACK=pinned (default; .venv: sglang 0.5.6.post2 + verl 0.7.1) and STACK=current (.venv-current:
-# sglang 0.5.12 + verl 0.9.1). `make test` runs the whole suite on the pinned stack and, side by side with it, the
-# current stack's suite (CURRENT_TESTS: what runs there today).
+# Two stacks: STACK=current (default; .venv-current: sglang 0.5.12 + verl 0.9.1, verl's newest release and the
+# sglang its extra pins) and STACK=pinned (.venv: sglang 0.5.6.post2 + verl 0.7.1, the design documents' versions).
+# `make test` runs both stacks' suites side by side (the current one's: CURRENT_TESTS; the pinned one's: the whole
+# suite); `make test STACK=current` or `STACK=pinned` runs one of them.
 
-STACK   ?= pinned
+# Whether the stack was chosen (command line or environment): `make test` without a choice runs both.
+STACK_CHOSEN := $(if $(filter undefined,$(origin STACK)),,yes)
+STACK   ?= current
 ifeq ($(STACK),current)
 VENV    ?= .venv-current
 else ifeq ($(STACK),pinned)
@@ -22,14 +25,16 @@ ARGS    ?=
 PYTEST_ARGS ?=
 
 # The current stack's suite: the real-Engine tests (one file, both stacks), the sglang side's version-independent
-# tests and the 0.5.12 adapter's, the generation job and make run's CLI, managed sessions on the real Engine
+# tests and the 0.5.12 adapter's, the generation job (both backends) and make run's CLI, managed sessions on the real Engine
 # (EngineBackend), our server on verl 0.9.1's (scoped abort), the V1 trainer's setup and seams, verl's CPU runtime
 # patches and the rollout-entropy block in verl 0.9.1's GRPO on CPU (the full / resume variants, with over-sampling,
 # forking tokens and the forecast on), over-sampling (the estimator / loss tables with verl's padding rows, the replay
 # buffer on a real Engine, GRPO with carry-over),
 # managed agents that train (sessions of two rows on a real Engine in the V1 rollout file, GRPO), the start-up check
 # of every key of our rollout.custom sections, the import layout (each module alone under verl 0.9.1, the pinned-only
-# ones refused naming verl 0.7.1), the entropy probe (torch only).
+# ones refused naming verl 0.7.1), the entropy probe (torch only), the forecast's verl-independent parts (directional
+# derivatives, the softmax-exact forecast, the early warning and its replay, the study's calibration and report; the
+# forecast in verl 0.9.1's actor is in trainer/v0_9_1).
 CURRENT_TESTS := \
 	treetune_tests/treetune_verl/sglang/test_entropy_engine_on_cpu.py \
 	treetune_tests/treetune_verl/sglang/test_current_stack_on_cpu.py \
@@ -37,6 +42,8 @@ CURRENT_TESTS := \
 	treetune_tests/treetune_verl/sglang/test_config_on_cpu.py \
 	treetune_tests/treetune_verl/generation/test_generation_job_on_cpu.py \
 	treetune_tests/treetune_verl/generation/test_quick_run_on_cpu.py \
+	treetune_tests/treetune_verl/generation/test_verl_runner_on_cpu.py \
+	treetune_tests/treetune_verl/generation/test_generation_verl_backend_on_cpu.py \
 	treetune_tests/treetune_verl/managed/test_managed_engine_on_cpu.py \
 	treetune_tests/treetune_verl/managed/test_boundaries_on_cpu.py \
 	treetune_tests/treetune_verl/managed/test_node_on_cpu.py \
@@ -49,6 +56,11 @@ CURRENT_TESTS := \
 	treetune_tests/treetune_verl/trainer/test_custom_keys_on_cpu.py \
 	treetune_tests/treetune_verl/test_import_layout_on_cpu.py \
 	treetune_tests/treetune_verl/probe \
+	treetune_tests/treetune_verl/forecast/test_directional_on_cpu.py \
+	treetune_tests/treetune_verl/forecast/test_early_warning_on_cpu.py \
+	treetune_tests/treetune_verl/forecast/test_replay_warning_on_cpu.py \
+	treetune_tests/treetune_verl/forecast/test_softmax_tangent_on_cpu.py \
+	treetune_tests/treetune_verl/forecast/test_study_report_on_cpu.py \
 	treetune_tests/treetune_verl/ppo/test_padding_rows_v0_9_1_on_cpu.py \
 	treetune_tests/e2e/test_verl_cpu_patches_on_cpu.py \
 	treetune_tests/e2e/test_check_metrics_on_cpu.py \
@@ -94,29 +106,31 @@ analyze: setup
 probe: setup
 	$(PY) -m treetune_verl.probe $(ARGS)
 
-## Whole test suite (CPU) on the pinned stack (unit, real-class and real-Engine tests; GPU-only tests skip) and the
-## current stack's suite in its own environment, side by side (each output line prefixed [pinned] / [current]).
-## STACK=current runs only the latter; `make test-stack` runs only the STACK's suite.
-ifeq ($(STACK),current)
+## The test suites (CPU; unit, real-class and real-Engine tests; GPU-only tests skip): the current stack's
+## (CURRENT_TESTS) and the pinned stack's (the whole suite), each in its own environment, side by side (each output
+## line prefixed [current] / [pinned]). `make test STACK=current` or `make test STACK=pinned` runs one of them.
+ifeq ($(STACK_CHOSEN),yes)
 test: test-stack
 else
 test: setup
-	$(MAKE) --no-print-directory setup STACK=current VENV=.venv-current
+	$(MAKE) --no-print-directory setup STACK=pinned
 	bash tools/side_by_side.sh \
-		pinned "$(MAKE) --no-print-directory test-stack" \
-		current "$(MAKE) --no-print-directory test-stack STACK=current VENV=.venv-current"
+		current "$(MAKE) --no-print-directory test-stack STACK=current" \
+		pinned "$(MAKE) --no-print-directory test-stack STACK=pinned"
+endif
+
+ifeq ($(STACK),current)
+STACK_TESTS := $(CURRENT_TESTS)
+else
+STACK_TESTS :=
 endif
 
 test-stack: setup
-ifeq ($(STACK),current)
-	$(PY) -m pytest $(CURRENT_TESTS) $(PYTEST_ARGS)
-else
-	$(PY) -m pytest $(PYTEST_ARGS)
-endif
+	$(PY) -m pytest $(STACK_TESTS) $(PYTEST_ARGS)
 
-## Everything except the tests that start a real sglang Engine.
+## The STACK's suite except the tests that start a real sglang Engine.
 test-fast: setup
-	$(PY) -m pytest -m "not engine" $(PYTEST_ARGS)
+	$(PY) -m pytest $(STACK_TESTS) -m "not engine" $(PYTEST_ARGS)
 
 ## A few GRPO steps of verl's own trainer (main_ppo) with rollout entropy, on CPU or GPU, then the acceptance check of
 ## outputs/e2e/metrics.jsonl. E2E_MODEL=smollm2|tiny; extra Hydra overrides via ARGS. E2E_VARIANT=full (2 training

@@ -37,6 +37,7 @@ LAYERS = [
     "treetune_verl.forecast",  # the live entropy forecast: the probe inside verl's actor worker
     "treetune_verl.trainer",  # every hook in verl's trainer and actor processes: one seam per upstream hook
     "treetune_verl.agent_loop",
+    "treetune_verl.verl",  # what differs between verl versions: one folder per version, picked through one table
     "treetune_verl.managed",  # chat-style agent sessions over the engine or verl's agent loops
     "treetune_verl.generation",  # dataset-scale generation job (in-process Engine or verl's agent-loop manager)
     "treetune_verl.analysis",  # reads what generation (or `make run`) wrote
@@ -237,6 +238,7 @@ def test_imports_by_name_and_lazy_export_tables_are_read(tmp_path):
 # agent-loop worker process unpickles our classes (Ray pickles by module).
 NO_SGLANG_IMPORT = [
     "treetune_verl.agent_loop",
+    "treetune_verl.verl",  # what differs between verl versions: one folder per version, picked through one table
     "treetune_verl.trainer",
     "treetune_verl.batch_keys",
     "treetune_verl.rollout.token_output",
@@ -287,6 +289,8 @@ VERL_ONLY = {
     "treetune_verl.agent_loop.over_sample_worker": "0.7.1",
     "treetune_verl.agent_loop.session_server_manager": "0.7.1",
     "treetune_verl.agent_loop.worker": "0.7.1",
+    "treetune_verl.verl.v0_7_1.generation_rollout": "0.7.1",
+    "treetune_verl.verl.v0_9_1.generation_rollout": "0.9.1",
 }
 
 

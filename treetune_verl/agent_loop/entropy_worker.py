@@ -1,6 +1,7 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""The rollout-entropy feature of verl 0.7.1's ``AgentLoopWorker``: ``rollout_entropy`` in the generated ``DataProto``.
+"""The rollout-entropy feature of verl's DataProto ``AgentLoopWorker`` (verl 0.7.1's trainer; on verl 0.9.1 the
+generation job's rollout): ``rollout_entropy`` in the generated ``DataProto``.
 
 On the entropy's path it sits after the agent loops (whose ``extra_fields["response_entropy"]`` it pads to
 ``[1, response_length]`` per sample with ``rollout/entropy_row.py``) and before the manager, which concatenates the
@@ -34,12 +35,15 @@ class RolloutEntropyWorker(AgentLoopWorker):
     before ``_postprocess`` (which turns every ``extra_fields`` key into an object array in ``non_tensor_batch``).
     """
 
-    async def _agent_loop_postprocess(self, output: AgentLoopOutput, **kwargs: Any) -> _InternalAgentLoopOutput:
+    async def _agent_loop_postprocess(
+        self, output: AgentLoopOutput, *args: Any, **kwargs: Any
+    ) -> _InternalAgentLoopOutput:
+        # *args: verl 0.9.1's DataProto worker passes ``validate`` too (the generation job's rollout runs it there)
         with SECONDS.timed(ROLLOUT_ENTROPY):
             entropy = output.extra_fields.pop(RESPONSE_ENTROPY_KEY, None)
             length = self.rollout_config.response_length
             row = entropy_row(entropy, len(output.response_ids), length, "an agent loop's output").unsqueeze(0)
-        internal = await super()._agent_loop_postprocess(output, **kwargs)
+        internal = await super()._agent_loop_postprocess(output, *args, **kwargs)
         with SECONDS.timed(ROLLOUT_ENTROPY):
             row *= internal.response_mask.to(row.dtype)  # 0.0 wherever no model token is (also once a row is emptied)
             internal.extra_fields[ROLLOUT_ENTROPY_KEY] = row
@@ -47,14 +51,14 @@ class RolloutEntropyWorker(AgentLoopWorker):
         return internal
 
     def _postprocess(
-        self, inputs: list[_InternalAgentLoopOutput], input_non_tensor_batch: dict | None = None
+        self, inputs: list[_InternalAgentLoopOutput], input_non_tensor_batch: dict | None = None, **kwargs: Any
     ) -> DataProto:
         with SECONDS.timed(ROLLOUT_ENTROPY):
             response_length = self.rollout_config.response_length
             rows = [item.extra_fields.pop(ROLLOUT_ENTROPY_KEY, None) for item in inputs]
             rows = [row if row is not None else torch.zeros(1, response_length) for row in rows]
             has_entropy = [bool(item.extra_fields.pop(HAS_ROLLOUT_ENTROPY_KEY, False)) for item in inputs]
-        data = super()._postprocess(inputs, input_non_tensor_batch=input_non_tensor_batch)
+        data = super()._postprocess(inputs, input_non_tensor_batch=input_non_tensor_batch, **kwargs)  # 0.9.1: validate
         with SECONDS.timed(ROLLOUT_ENTROPY):
             data.batch[ROLLOUT_ENTROPY_KEY] = torch.cat(rows, dim=0)
             data.batch[HAS_ROLLOUT_ENTROPY_KEY] = torch.tensor(has_entropy, dtype=torch.bool)

@@ -2,11 +2,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """Generation through verl's agent-loop manager on Ray, with the entropy server the trainer uses.
 
-``backend=verl`` of the generation job: ``EntropyAgentLoopManager`` in verl 0.7.1's standalone rollout mode
-(no trainer, no actor) starts ``verl.nnodes x verl.n_gpus_per_node / tensor_model_parallel_size`` replicas of
-``EntropySGLangHttpServer`` on the Ray cluster, and ``verl.num_workers`` ``EntropyAgentLoopWorker`` actors spread the
-rows over them. So the job scales to every machine of a Ray cluster, through exactly the classes (server, loop,
-worker, ``DataProto.batch["rollout_entropy"]``) that carry entropy into training.
+``backend=verl`` of the generation job: verl's agent-loop manager in standalone rollout mode (no trainer, no actor;
+the installed verl's, ``treetune_verl.verl.adapter("generation_rollout")``: the block's ``EntropyAgentLoopManager`` on
+verl 0.7.1, verl's ``AgentLoopManager`` with our entropy worker and servers on verl 0.9.1) starts
+``verl.nnodes x verl.n_gpus_per_node / tensor_model_parallel_size`` replicas of ``EntropySGLangHttpServer`` on the
+Ray cluster, and ``verl.num_workers`` agent-loop workers spread the rows over them. So the job scales to every
+machine of a Ray cluster, through exactly the classes (server, loop, entropy worker,
+``DataProto.batch["rollout_entropy"]``) that carry entropy into training.
 
 Rows go to the manager ``verl.batch_size`` at a time; each batch's responses are handed over as one Engine-shaped
 output per row (what :func:`treetune_verl.generation.records.record_from_output` reads), so the job writes the same
@@ -25,6 +27,7 @@ import torch
 from omegaconf import DictConfig, open_dict
 
 from treetune_verl.generation.engine_runner import GenerationRequest
+from treetune_verl.verl import adapter
 
 # Ray's placement-group bundle of one rollout replica in verl 0.7.1 (``RayResourcePool``: ``{"CPU": 3, "GPU": 1}``
 # per GPU), plus one CPU for verl's master-port task and one per agent-loop worker.
@@ -32,7 +35,8 @@ _CPUS_PER_GPU_BUNDLE = 3
 
 
 def compose_verl_config(cfg: DictConfig, model: str, prompt_length: int) -> DictConfig:
-    """verl 0.7.1's ``ppo_trainer`` composed with the README block and the job's sampling / entropy / layout.
+    """The installed verl's ``ppo_trainer`` composed with the README block, the job's sampling / entropy / layout and
+    what that verl's standalone rollout needs (its adapter's ``OVERRIDES``).
 
     ``prompt_length``: the longest chat-templated prompt of the run (verl pads every prompt to it; the server then
     allows ``sampling.max_new_tokens`` new tokens for each).
@@ -57,6 +61,7 @@ def compose_verl_config(cfg: DictConfig, model: str, prompt_length: int) -> Dict
         f"{rollout}.nnodes={int(cfg.verl.nnodes)}",
         f"{rollout}.n_gpus_per_node={int(cfg.verl.n_gpus_per_node)}",
         f"{rollout}.tensor_model_parallel_size={int(cfg.verl.tensor_model_parallel_size)}",
+        *adapter("generation_rollout").OVERRIDES,
         *cfg.verl.overrides,
     ]
     config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
@@ -181,14 +186,12 @@ def stream_generate_verl(
     """Generate every request through verl's agent-loop manager on Ray; ``on_output(request, output)`` runs for
     each row (Engine-shaped, see :func:`engine_shaped_outputs`) as its batch of ``verl.batch_size`` completes.
     Starts and stops the servers (and a local Ray cluster unless one is running or ``verl.ray_address`` is set)."""
-    from treetune_verl.agent_loop import EntropyAgentLoopManager
-
     prompt_length = max(len(request.input_ids) for request in requests)
     config = compose_verl_config(cfg, model, prompt_length)
     stop_ids = eos_token_ids(model, tokenizer)
     size = int(cfg.verl.batch_size)
     with ray_cluster(cfg):
-        manager = EntropyAgentLoopManager.create(config)
+        manager = adapter("generation_rollout").start(config)
         for start in range(0, len(requests), size):
             chunk = requests[start : start + size]
             batch = manager.generate_sequences(rollout_batch(chunk, start))

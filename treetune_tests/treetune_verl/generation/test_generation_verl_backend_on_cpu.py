@@ -3,10 +3,12 @@
 """The generation job with ``backend=verl``: verl's agent-loop manager on real Ray with our entropy server.
 
 ``run_generation_job`` starts a local Ray cluster of its own (one declared, not real, GPU: what verl's standalone
-rollout pool counts; see ``agent_loop/test_entropy_manager_standalone_on_cpu.py``), ``EntropyAgentLoopManager`` in
-verl 0.7.1's standalone mode (``EntropySGLangHttpServer`` on a real sglang CPU Engine, two
-``EntropyAgentLoopWorker`` actors), sends the rows in two ``generate_sequences`` batches, writes the shards and shuts
-Ray down. Nothing of the rollout path is a stand-in.
+rollout pool counts; see ``agent_loop/test_entropy_manager_standalone_on_cpu.py``), the installed verl's standalone
+rollout (``treetune_verl/verl/<version>/generation_rollout.py``: on verl 0.7.1 ``EntropyAgentLoopManager`` with two
+``EntropyAgentLoopWorker`` actors; on verl 0.9.1 verl's ``LLMServerManager`` with our replica and its
+``AgentLoopManager`` with two entropy workers; ``EntropySGLangHttpServer`` on a real sglang CPU Engine either way),
+sends the rows in two ``generate_sequences`` batches, writes the shards and shuts Ray down. Nothing of the rollout
+path is a stand-in. Both stacks.
 
 Checked against an independent teacher-forced HF forward (``torch.log_softmax`` in float64, written in
 ``standalone.teacher_forced``) on the chat-templated prompt the job computed itself: every token's entropy within

@@ -2,13 +2,15 @@
 # SPDX-License-Identifier: Apache-2.0
 """``backend=verl`` without Ray: the verl config the job composes, and rollout rows read back as Engine outputs.
 
-The composed config is verl 0.7.1's real ``ppo_trainer`` (Hydra) and is checked by our own start-up refusals
+The composed config is the installed verl's real ``ppo_trainer`` (Hydra; verl 0.7.1 or 0.9.1) and is checked by our own start-up refusals
 (``check_rollout_config``); the rows are a real ``DataProto`` laid out as verl's agent-loop worker lays it out (left-
 padded prompts, right-padded responses). The whole path on real Ray and a real Engine:
 ``test_generation_verl_backend_on_cpu.py``.
 """
 
 from __future__ import annotations
+
+import importlib.metadata
 
 import pytest
 import torch
@@ -90,3 +92,7 @@ def test_composed_verl_config_carries_the_job_settings(tiny_model_dir):
     sglang = rollout.engine_kwargs.sglang
     assert sglang.device == "cpu" and sglang.attention_backend == "torch_native" and not sglang.enable_memory_saver
     assert sglang.random_seed == 3 and "model_path" not in sglang
+    # verl 0.9.1's standalone server serves rollout.load_format as given (dummy: random weights) unless told; verl
+    # 0.7.1's loads the real weights in standalone mode itself (its default stays)
+    expected_format = "auto" if importlib.metadata.version("verl") == "0.9.1" else "dummy"
+    assert rollout.load_format == expected_format

@@ -15,7 +15,6 @@ from omegaconf import DictConfig, ListConfig
 
 from treetune_verl.config.job_config import check_positive_ints, is_int, load_defaults, merge_onto_defaults
 from treetune_verl.generation.scoring import SCORERS
-from treetune_verl.verl_guard import installed_verl_version, on_current_stack
 
 CONFIG_DIR = Path(__file__).resolve().parent
 CONFIG_NAME = "generation"
@@ -72,12 +71,6 @@ def validate_config(cfg: DictConfig) -> None:
         raise ValueError(f"model.device must be one of ['auto', 'cpu', 'cuda'], got {cfg.model.device!r}")
     if cfg.backend not in BACKENDS:
         raise ValueError(f"backend must be one of {list(BACKENDS)}, got {cfg.backend!r}")
-    if cfg.backend == "verl" and on_current_stack():
-        raise ValueError(
-            f"backend=verl (the job through verl's agent-loop manager) does not run on verl {installed_verl_version()} "
-            "yet (treetune-verl runs it on verl 0.7.1; the README's support table lists what runs where): use "
-            "backend=engine"
-        )
     if cfg.verl.ray_address is not None and not isinstance(cfg.verl.ray_address, str):
         raise ValueError(f"verl.ray_address must be null, auto or host:port, got {cfg.verl.ray_address!r}")
     overrides = cfg.verl.overrides

@@ -181,14 +181,6 @@ def test_the_manager_refuses_a_run_whose_servers_are_not_ours(process_setup, mon
         EntropyAgentLoopManager(None, None)
 
 
-def test_the_generation_jobs_verl_backend_is_refused_before_any_work(tmp_path):
-    from treetune_verl.generation.config import resolve_config
-
-    with pytest.raises(ValueError, match="backend=verl .* does not run on verl 0.9.1 yet"):
-        resolve_config({"backend": "verl", "output": {"dir": str(tmp_path)}})
-    assert resolve_config({"backend": "engine", "output": {"dir": str(tmp_path)}}).backend == "engine"
-
-
 def test_the_loops_yaml_gives_verl_0_9_1s_tool_loop():
     """Datasets naming verl's tool_agent get our loop through the loops YAML: on verl 0.9.1 its own tool loop."""
     from hydra.utils import get_class
