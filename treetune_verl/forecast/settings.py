@@ -47,6 +47,7 @@ from treetune_verl.config.job_config import is_int
 from treetune_verl.config.keys import check_known_keys, plain
 from treetune_verl.forecast.early_warning import WarningSettings, warning_settings
 from treetune_verl.probe.config import resolve_config
+from treetune_verl.rollout.rollout_config import read_key
 
 SECTION = "actor_rollout_ref.rollout.custom.entropy_forecast"
 ESTIMATORS = ("naive", "rb_residual")
@@ -87,21 +88,13 @@ class ForecastSettings:
         return resolve_config(overrides)
 
 
-def _get(config: Any, key: str) -> Any:
-    if config is None:
-        return None
-    if isinstance(config, Mapping | DictConfig):
-        return config.get(key)
-    return getattr(config, key, None)
-
-
 def forecast_settings(rollout_config: Any) -> ForecastSettings | None:
     """``ForecastSettings`` from a rollout config (DictConfig, dict or verl's ``RolloutConfig``), or ``None`` (off).
 
     Raises:
         ValueError: an unknown key or a bad value, naming ``actor_rollout_ref.rollout.custom.entropy_forecast.<key>``.
     """
-    section = plain(_get(_get(rollout_config, "custom"), "entropy_forecast"))
+    section = plain(read_key(read_key(rollout_config, "custom"), "entropy_forecast"))
     if section is None:
         return None
     if not isinstance(section, Mapping):

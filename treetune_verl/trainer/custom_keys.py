@@ -35,7 +35,8 @@ from treetune_verl.rollout.rollout_config import (
 CUSTOM_PATH = f"{CONFIG_PATH}.custom"
 FORECAST_SECTION = "entropy_forecast"
 OVER_SAMPLE_SECTION = "over_sample"
-OVER_SAMPLE_KEYS = ("abort_failed_rows", "carry_over", "max_staleness")  # read in trainer/features.py
+# read in trainer/features.py, whose full paths are built from this list, in this order
+OVER_SAMPLE_KEYS = ("abort_failed_rows", "carry_over", "max_staleness")
 # A key maps to None (a value, checked by its reader) or to the tree of a nested section. ``entropy_forecast.probe``
 # is a partial probe config, checked key by key by the probe's own schema (``probe/config``, struct mode).
 Tree = dict[str, "Tree | None"]

@@ -42,15 +42,16 @@ from treetune_verl.ppo.advantage import (
 )
 from treetune_verl.ppo.entropy_advantage import EntropySteering, entropy_steering
 from treetune_verl.rollout.rollout_config import ROWS_PER_SESSION_KEY, rows_per_session
-from treetune_verl.trainer.custom_keys import check_custom_keys
+from treetune_verl.trainer.custom_keys import OVER_SAMPLE_KEYS, OVER_SAMPLE_SECTION, check_custom_keys
 
 ROLLOUT = "actor_rollout_ref.rollout"
 MANAGER_KEY = f"{ROLLOUT}.agent.agent_loop_manager_class"
 MANAGER_CLASS = "treetune_verl.agent_loop.EntropyAgentLoopManager"
 RATE_KEY = "over_sample_rate"  # verl's own key under actor_rollout_ref.rollout
-FAILED_ROWS_KEY = f"{ROLLOUT}.custom.over_sample.abort_failed_rows"
-CARRY_OVER_KEY = f"{ROLLOUT}.custom.over_sample.carry_over"
-MAX_STALENESS_KEY = f"{ROLLOUT}.custom.over_sample.max_staleness"
+# The over_sample section's keys, full paths: one list of them (custom_keys.py, whose typo check knows them too)
+FAILED_ROWS_KEY, CARRY_OVER_KEY, MAX_STALENESS_KEY = (
+    f"{ROLLOUT}.custom.{OVER_SAMPLE_SECTION}.{key}" for key in OVER_SAMPLE_KEYS
+)
 DEFAULT_MAX_STALENESS = 2  # steps: a token sampled at step k trains at step k + 2 at the latest
 ROLLOUT_CORRECTION_KEY = "algorithm.rollout_correction"
 EXTERNAL_LIB_KEY = "actor_rollout_ref.model.external_lib"
