@@ -3,8 +3,8 @@
 # SPDX-License-Identifier: Apache-2.0
 #
 # Builds one of the project's two CPU environments on a fresh machine, chosen by $STACK:
-#   pinned  (default, <repo>/.venv):          sglang 0.5.6.post2 + verl 0.7.1, the versions the design documents name
-#   current (<repo>/.venv-current):           sglang 0.5.12 + verl 0.9.1 (verl 0.9.1's own sglang extra pins 0.5.12)
+#   current (default, <repo>/.venv-current):  sglang 0.5.12 + verl 0.9.1 (verl 0.9.1's own sglang extra pins 0.5.12)
+#   pinned  (<repo>/.venv):                   sglang 0.5.6.post2 + verl 0.7.1, the versions the design documents name
 # ($TREETUNE_VENV overrides the folder.) Each: torch 2.13.0 CPU, sglang (--no-deps) plus what it needs on CPU, verl,
 # test tools,
 # this package (editable, --no-deps) and the CPU import shims (tools/cpu_shims, put on sys.path by a .pth
@@ -17,7 +17,7 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-STACK=${STACK:-pinned}
+STACK=${STACK:-current}
 case "$STACK" in
     pinned) VENV=${TREETUNE_VENV:-$ROOT/.venv}; HERE=$ROOT/tools/cpu_env
             SGLANG=sglang==0.5.6.post2; NO_DEPS_EXTRA=() ;;
