@@ -101,11 +101,11 @@ def run_arm(arm: str, steps: int, args: argparse.Namespace) -> Path:
         "PYTHON": sys.executable,
     }
     lr = getattr(args, f"{arm}_lr")
-    command = ["bash", str(E2E_SCRIPT), *arm_overrides(lr, args.seed, record, args.rollout_n or None)]
+    command = ["bash", str(E2E_SCRIPT), *arm_overrides(lr, args.seed, record, args.rollout_n)]
     metrics, output = work / "metrics.jsonl", work / "e2e_output.txt"
     seed = "verl's default" if args.seed is None else args.seed
     print(
-        f"[study {arm}] {args.model}, {steps} steps, lr {lr:g}, n {args.rollout_n or 2}, data.seed {seed}: {work}",
+        f"[study {arm}] {args.model}, {steps} steps, lr {lr:g}, n {args.rollout_n}, data.seed {seed}: {work}",
         flush=True,
     )
     start, shown = time.monotonic(), 0
@@ -141,12 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="smollm2", choices=("smollm2", "tiny"), help="tiny: the tests' random Qwen2")
     parser.add_argument("--seed", type=int, default=None, help="data.seed: the order of the prompts (default: verl's)")
     parser.add_argument("--record", action="store_true", help="one file per forecast with E's token values")
-    parser.add_argument(
-        "--rollout-n", type=int, default=4, help="responses per prompt (the GRPO group and E's; 0: the e2e's 2)"
-    )
+    parser.add_argument("--rollout-n", type=int, default=4, help="responses per prompt (the GRPO group and E's)")
     parser.add_argument("--report-only", action="store_true", help="rebuild the report from the arms' metrics")
     args = parser.parse_args(argv)
     arms = [a for a in args.arms.split(",") if a]
+    if args.rollout_n < 1:
+        parser.error(f"--rollout-n must be >= 1, got {args.rollout_n}")
     unknown = sorted(set(arms) - set(ARMS))
     if unknown or not arms:
         parser.error(f"--arms: unknown {unknown or arms} (known: {', '.join(ARMS)})")

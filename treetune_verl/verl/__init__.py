@@ -17,10 +17,17 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from treetune_verl.verl_guard import UnsupportedVerlError, installed_verl_version
+from treetune_verl.verl_guard import (
+    CURRENT_VERL_VERSIONS,
+    SUPPORTED_VERL_VERSIONS,
+    UnsupportedVerlError,
+    installed_verl_version,
+)
 
-# verl version -> its adapter folder
-ADAPTERS = {"0.7.1": "treetune_verl.verl.v0_7_1", "0.9.1": "treetune_verl.verl.v0_9_1"}
+# verl version -> its adapter folder, for every version verl_guard supports (one list of them: its own)
+ADAPTERS = {
+    version: f"{__name__}.v{version.replace('.', '_')}" for version in SUPPORTED_VERL_VERSIONS + CURRENT_VERL_VERSIONS
+}
 
 
 def adapter(module: str) -> ModuleType:
