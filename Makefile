@@ -34,7 +34,7 @@ PYTEST_ARGS ?=
 # of every key of our rollout.custom sections, the import layout (each module alone under verl 0.9.1, the pinned-only
 # ones refused naming verl 0.7.1), the entropy probe (torch only), the forecast's verl-independent parts (directional
 # derivatives, the softmax-exact forecast, the early warning and its replay, the study's calibration and report; the
-# forecast in verl 0.9.1's actor is in trainer/v0_9_1).
+# forecast in verl 0.9.1's actor is in verl/v0_9_1).
 CURRENT_TESTS := \
 	treetune_tests/treetune_verl/sglang/test_entropy_engine_on_cpu.py \
 	treetune_tests/treetune_verl/sglang/test_current_stack_on_cpu.py \
@@ -52,7 +52,7 @@ CURRENT_TESTS := \
 	treetune_tests/treetune_verl/rollout/test_session_on_cpu.py \
 	treetune_tests/treetune_verl/rollout/test_rollout_config_on_cpu.py \
 	treetune_tests/treetune_verl/rollout/test_entropy_row_on_cpu.py \
-	treetune_tests/treetune_verl/trainer/v0_9_1 \
+	treetune_tests/treetune_verl/verl/v0_9_1 \
 	treetune_tests/treetune_verl/trainer/test_custom_keys_on_cpu.py \
 	treetune_tests/treetune_verl/test_import_layout_on_cpu.py \
 	treetune_tests/treetune_verl/test_seams_page_on_cpu.py \

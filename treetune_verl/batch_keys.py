@@ -24,7 +24,7 @@ ROLLOUT_FAILED_KEY = "rollout_failed"
 # earlier steps (by older weights); 0 for fresh and aborted rows.
 ROLLOUT_RESUMED_TOKENS_KEY = "rollout_resumed_tokens"
 # DataProto.meta_info: {metric name: float} to add to this step's metrics (read by the trainer's
-# compute_data_metrics seam, treetune_verl/trainer/trainer_seams.py).
+# compute_data_metrics seam, treetune_verl/verl/v0_7_1/trainer_seams.py).
 PENDING_METRICS_KEY = "treetune_step_metrics"
 # DataProto.meta_info of a training batch's prompts: {"counter", "step", "target", "abort_failed_rows", "carry_over",
 # "global_step"} for the agent-loop workers (over-sampling with abort, agent_loop/over_sample.py plan_of).

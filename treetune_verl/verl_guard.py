@@ -10,13 +10,13 @@ instead of computing something silently wrong. A shared leaf: imports only ``tre
 from __future__ import annotations
 
 from collections.abc import Callable
-from importlib.metadata import PackageNotFoundError, version
+from importlib.metadata import version
 from typing import Any
 
 from treetune_verl.patching import Upstream
 
 SUPPORTED_VERL_VERSIONS: tuple[str, ...] = ("0.7.1",)
-CURRENT_VERL_VERSIONS: tuple[str, ...] = ("0.9.1",)  # the current stack's V1 trainer (treetune_verl/trainer/v0_9_1)
+CURRENT_VERL_VERSIONS: tuple[str, ...] = ("0.9.1",)  # the current stack's V1 trainer (treetune_verl/verl/v0_9_1)
 
 
 class UnsupportedVerlError(RuntimeError):
@@ -31,15 +31,6 @@ check_signature = VERL.check_signature
 def installed_verl_version() -> str:
     """The installed verl's version from its package metadata (no import of verl)."""
     return version("verl")
-
-
-def on_current_stack() -> bool:
-    """Whether the installed verl is the current stack's (its V1 trainer: ``treetune_verl/trainer/v0_9_1``); ``False``
-    without verl."""
-    try:
-        return installed_verl_version() in CURRENT_VERL_VERSIONS
-    except PackageNotFoundError:
-        return False
 
 
 def require_verl(what: str) -> None:

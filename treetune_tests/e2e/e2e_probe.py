@@ -18,7 +18,8 @@ from typing import Any
 import torch
 from verl.protocol import DataProto
 
-from treetune_verl.agent_loop import ROLLOUT_ENTROPY_KEY, EntropyAgentLoopManager
+from treetune_verl.agent_loop import ROLLOUT_ENTROPY_KEY
+from treetune_verl.verl import EntropyAgentLoopManager
 
 PROBE_DIR_ENV = "TREETUNE_E2E_PROBE_DIR"
 

@@ -6,7 +6,7 @@ The tiny e2e run (4 prompts x n = 2 = 8 rows per step) with the README block (ro
 abort (``over_sample_rate=0.25``, ``grpo_valid``), forking tokens (``pg_token_quantile=0.2``) and the live entropy
 forecast every step (``+treetune_forecast=entropy_forecast``), all selected by the e2e script's switches, which write
 the overrides each feature's README section names: the over-sampling and forecast blocks name the same actor entry
-point (``treetune_verl.trainer.actor_setup``). One row per actor micro-batch, so that each aborted row is a
+point (``treetune_verl.verl.process_setup``). One row per actor micro-batch, so that each aborted row is a
 micro-batch of its own (the loss fix's hardest case) while the forecast runs at the update's first optimizer step
 inside the loss fix's step counter. The script checks every step (``check_metrics``: finite loss, grad norm > 0,
 rollout entropy, the rollout-vs-actor entropy agreement <= 1e-3 nats and verl's probability agreement, the exact
@@ -44,7 +44,7 @@ def test_all_features_arguments(tiny_model_dir, tmp_path):
     env = {"E2E_PRINT_ARGS": "1", "E2E_DEVICE": "cpu", "MODEL_PATH": str(tiny_model_dir), "E2E_WORKDIR": str(tmp_path)}
     args = run_script({**env, **SWITCHES}, timeout=300).stdout.splitlines()
     libs = [a for a in args if a.startswith("actor_rollout_ref.model.external_lib=")]
-    assert set(libs) == {"actor_rollout_ref.model.external_lib=treetune_verl.trainer.actor_setup"}
+    assert set(libs) == {"actor_rollout_ref.model.external_lib=treetune_verl.verl.process_setup"}
     assert {
         "+treetune=rollout_entropy",
         "+treetune_forecast=entropy_forecast",

@@ -61,7 +61,7 @@ def test_stock_arm_is_the_block_arm_minus_the_block(tmp_path, device):
     ra, rb = a.actor_rollout_ref.rollout, b.actor_rollout_ref.rollout
     assert rb.name == ra.name == "sglang" and rb.calculate_log_probs is True and ra.calculate_log_probs is True
     assert rb.agent.get("agent_loop_manager_class") is None and rb.agent.default_agent_loop == "single_turn_agent"
-    assert ra.agent.agent_loop_manager_class == "treetune_verl.agent_loop.EntropyAgentLoopManager"
+    assert ra.agent.agent_loop_manager_class == "treetune_verl.verl.EntropyAgentLoopManager"
     assert "entropy" not in (rb.get("custom") or {}) and "treetune" not in b
     # Everything else composes to the same values (the block adds only the manager, the default loop and custom).
     da, db = OmegaConf.to_container(a, resolve=False), OmegaConf.to_container(b, resolve=False)

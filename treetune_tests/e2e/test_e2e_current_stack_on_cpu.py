@@ -18,7 +18,7 @@ import pytest
 
 from treetune_tests.e2e.script import run_script
 
-ACTOR_SETUP = "actor_rollout_ref.model.external_lib=treetune_verl.trainer.actor_setup"
+ACTOR_SETUP = "actor_rollout_ref.model.external_lib=treetune_verl.verl.process_setup"
 
 pytestmark = pytest.mark.skipif(importlib.metadata.version("verl") != "0.9.1", reason="verl 0.9.1 (the current stack)")
 

@@ -19,7 +19,7 @@ def test_forecast_arguments(tiny_model_dir, tmp_path):
     env = {"E2E_PRINT_ARGS": "1", "E2E_DEVICE": "cpu", "MODEL_PATH": str(tiny_model_dir), "E2E_WORKDIR": str(tmp_path)}
     args = run_script({**env, "E2E_FORECAST": "2"}, timeout=300).stdout.splitlines()
     assert "+treetune_forecast=entropy_forecast" in args
-    assert "actor_rollout_ref.model.external_lib=treetune_verl.trainer.actor_setup" in args
+    assert "actor_rollout_ref.model.external_lib=treetune_verl.verl.process_setup" in args
     assert "actor_rollout_ref.rollout.custom.entropy_forecast.every=2" in args
     stock = run_script({**env, "E2E_FORECAST": "1", "E2E_BLOCK": "0"}, timeout=300).stdout.splitlines()
     assert "hydra.searchpath=[pkg://treetune_verl.config]" in stock and "+treetune=rollout_entropy" not in stock

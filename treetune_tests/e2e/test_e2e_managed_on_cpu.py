@@ -1,7 +1,7 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
 """``entropy_managed_agent`` in verl's own GRPO trainer on CPU (the tiny e2e run of ``test_entropy_e2e.sh``), on both
-stacks (verl 0.9.1: its V1 trainer; the k rows of a session through ``agent_loop/session_rows_worker_tq.py``).
+stacks (verl 0.9.1: its V1 trainer; the k rows of a session through ``verl/v0_9_1/session_rows_worker.py``).
 
 Selected by overrides only (no switch in the script): the managed loop as the default loop through
 ``treetune_verl/config/managed_agent_loops.yaml``, and either

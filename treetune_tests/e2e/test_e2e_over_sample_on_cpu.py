@@ -6,7 +6,7 @@ over-sampling is the run with every feature on: ``test_e2e_all_features_on_cpu.p
 resume runs of ``test_e2e_variants_on_cpu.py`` (verl 0.9.1), which make the checks below.
 
 The tiny e2e run (4 prompts x n = 2 = 8 rows per step) with ``actor_rollout_ref.rollout.over_sample_rate=0.25``,
-``algorithm.adv_estimator=grpo_valid`` and ``actor_rollout_ref.model.external_lib=treetune_verl.trainer.actor_setup``,
+``algorithm.adv_estimator=grpo_valid`` and ``actor_rollout_ref.model.external_lib=treetune_verl.verl.process_setup``,
 and one row per actor micro-batch (``ppo_micro_batch_size_per_gpu=1``), so that every aborted row is a micro-batch
 of its own: without the actor's loss fix each of them is 0/0 in verl's ``agg_loss`` (NaN gradients; the unit-level
 negative control is ``treetune_tests/treetune_verl/ppo/test_loss_aggregation_on_cpu.py``). The script checks every
@@ -14,7 +14,7 @@ step (``check_metrics --aborted-ratio 0.25``); those runs' tests re-read the met
 step, in our metric and in verl's own ``response/aborted_ratio``; finite loss and a non-zero update at every step, so
 each step after an aborted one generated and trained normally.
 
-On verl 0.9.1 the same run goes through V1's replay buffer (``trainer/v0_9_1/over_sample_sampler.py``): 1 of 4 groups
+On verl 0.9.1 the same run goes through V1's replay buffer (``verl/v0_9_1/over_sample_sampler.py``): 1 of 4 groups
 is aborted at every step and never reaches verl's batch (verl's ``response/aborted_ratio`` is 0; the 6 kept rows are
 padded to 8 by verl itself), and the step trains.
 """
@@ -32,7 +32,7 @@ from treetune_tests.e2e.script import kept_workdir, run_script
 
 CURRENT = importlib.metadata.version("verl") == "0.9.1"
 SAMPLER_KEYS = {
-    "trainer.v1.sampler.custom_sampler.path=pkg://treetune_verl.trainer.v0_9_1.over_sample_sampler",
+    "trainer.v1.sampler.custom_sampler.path=pkg://treetune_verl.verl.v0_9_1.over_sample_sampler",
     "trainer.v1.sampler.custom_sampler.name=OverSampleReplayBuffer",
 }
 
@@ -48,7 +48,7 @@ def test_over_sample_arguments(tiny_model_dir, tmp_path):
     assert {
         "algorithm.adv_estimator=grpo_valid",
         "actor_rollout_ref.rollout.over_sample_rate=0.25",
-        "actor_rollout_ref.model.external_lib=treetune_verl.trainer.actor_setup",
+        "actor_rollout_ref.model.external_lib=treetune_verl.verl.process_setup",
     } <= set(over)
     assert (set(over) >= SAMPLER_KEYS) == CURRENT and not SAMPLER_KEYS & set(plain)  # verl 0.9.1's replay buffer
     refused = run_script({**env, "E2E_OVER_SAMPLE": "0.25", "E2E_BLOCK": "0"}, timeout=60)

@@ -51,9 +51,9 @@ FULL = kept_workdir("full")
 RESUME = kept_workdir("resume")
 CURRENT = importlib.metadata.version("verl") == "0.9.1"  # the current stack (verl 0.9.1's V1 trainer)
 # What the block adds on each stack (the current stack's server selection needs the actor entry point too).
-BLOCK_EXTRA = ["actor_rollout_ref.model.external_lib=treetune_verl.trainer.actor_setup"] if CURRENT else []
+BLOCK_EXTRA = ["actor_rollout_ref.model.external_lib=treetune_verl.verl.process_setup"] if CURRENT else []
 # The agent-loop worker class in the log: ours on both stacks (on verl 0.9.1 a subclass of verl's TransferQueue worker,
-# agent_loop/session_rows_worker_tq.py).
+# verl/v0_9_1/session_rows_worker.py).
 WORKER_CLASS = "EntropyAgentLoopWorkerTQ" if CURRENT else "EntropyAgentLoopWorker"
 # In verl 0.9.1's runs also over-sampling with abort (1 of the 4 groups aborted at every step: check_metrics
 # --aborted-ratio 0.25), forking tokens (the top 20 % of tokens by rollout entropy carry the policy gradient) and the

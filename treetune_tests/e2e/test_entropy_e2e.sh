@@ -116,7 +116,7 @@ fi
 # The stack is the installed verl's: 0.7.1 (pinned, with sglang 0.5.6.post2) or 0.9.1 (current, with sglang 0.5.12;
 # `make e2e STACK=current`). On the current stack the block also names the actor entry point (external_lib): verl 0.9.1
 # builds the servers before it loads the block's manager, and that module selects the entropy server
-# (treetune_verl/trainer/v0_9_1/process_setup.py). Over-sampling adds its replay buffer there (and carry-over fetches
+# (treetune_verl/verl/v0_9_1/process_setup.py). Over-sampling adds its replay buffer there (and carry-over fetches
 # the fresh prompts one at a time); the forecast and managed agents are refused there so far.
 VERL_VERSION=$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("verl"))')
 case "$VERL_VERSION" in
@@ -272,7 +272,7 @@ ARGS+=(
 )
 if [[ "$BLOCK" == 1 ]]; then
     ARGS+=("${ENTROPY_OVERRIDES[@]}")
-    [[ "$STACK" == current ]] && ARGS+=(actor_rollout_ref.model.external_lib=treetune_verl.trainer.actor_setup)
+    [[ "$STACK" == current ]] && ARGS+=(actor_rollout_ref.model.external_lib=treetune_verl.verl.process_setup)
 else
     # Stock verl: what the block would set that the run cannot do without (see the header), nothing else.
     ARGS+=(actor_rollout_ref.rollout.name=sglang actor_rollout_ref.rollout.calculate_log_probs=True)
@@ -290,11 +290,11 @@ fi
 if [[ "$OVER_SAMPLE" != 0 ]]; then
     ARGS+=(
         actor_rollout_ref.rollout.over_sample_rate="$OVER_SAMPLE"
-        actor_rollout_ref.model.external_lib=treetune_verl.trainer.actor_setup
+        actor_rollout_ref.model.external_lib=treetune_verl.verl.process_setup
     )
-    # verl 0.9.1: over-sampling is our replay buffer (treetune_verl/trainer/v0_9_1/over_sample_sampler.py)
+    # verl 0.9.1: over-sampling is our replay buffer (treetune_verl/verl/v0_9_1/over_sample_sampler.py)
     [[ "$STACK" == current ]] && ARGS+=(
-        trainer.v1.sampler.custom_sampler.path=pkg://treetune_verl.trainer.v0_9_1.over_sample_sampler
+        trainer.v1.sampler.custom_sampler.path=pkg://treetune_verl.verl.v0_9_1.over_sample_sampler
         trainer.v1.sampler.custom_sampler.name=OverSampleReplayBuffer
     )
 fi
@@ -314,7 +314,7 @@ if [[ -n "$FORECAST" ]]; then
     [[ "$BLOCK" == 1 ]] || ARGS+=("hydra.searchpath=[pkg://treetune_verl.config]")
     ARGS+=(
         +treetune_forecast=entropy_forecast
-        actor_rollout_ref.model.external_lib=treetune_verl.trainer.actor_setup
+        actor_rollout_ref.model.external_lib=treetune_verl.verl.process_setup
         actor_rollout_ref.rollout.custom.entropy_forecast.every="$FORECAST"
     )
 fi

@@ -1,7 +1,7 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
 """What both stacks' over-sampling benches share: the arms, the heavy-tailed lengths, the per-block summary and the
-JSON report (``agent_loop/bench_over_sample.py`` on verl 0.7.1, ``trainer/v0_9_1/bench_over_sample_v0_9_1.py``)."""
+JSON report (``agent_loop/bench_over_sample.py`` on verl 0.7.1, ``verl/v0_9_1/bench_over_sample_v0_9_1.py``)."""
 
 from __future__ import annotations
 

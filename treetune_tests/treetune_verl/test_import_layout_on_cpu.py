@@ -220,18 +220,70 @@ def test_imports_by_name_and_lazy_export_tables_are_read(tmp_path):
     source = tmp_path / "m.py"
     source.write_text(
         "import importlib\n"
-        "def f():\n    return importlib.import_module('treetune_verl.trainer.actor_setup')\n"
+        "def f():\n    return importlib.import_module('treetune_verl.verl.process_setup')\n"
         "_WHERE = {'EntropyRecorder': 'treetune_verl.agent_loop.recorder'}\n"
         "TEXT = {'a': 'treetune_verl.not_a_module', 'b': 'x'}\n"
     )
     names = imported_names(source, "treetune_verl.ppo.m")
-    assert {"treetune_verl.trainer.actor_setup", "treetune_verl.agent_loop.recorder"} <= names
+    assert {"treetune_verl.verl.process_setup", "treetune_verl.agent_loop.recorder"} <= names
     assert "treetune_verl.not_a_module" not in names
-    graph = {"treetune_verl.ppo.advantage": {"treetune_verl.trainer.actor_setup"}}
+    graph = {"treetune_verl.ppo.advantage": {"treetune_verl.verl.process_setup"}}
     assert layering_violations(graph) == [
-        "treetune_verl.ppo.advantage (treetune_verl.ppo) imports treetune_verl.trainer.actor_setup "
-        "(treetune_verl.trainer), a later layer"
+        "treetune_verl.ppo.advantage (treetune_verl.ppo) imports treetune_verl.verl.process_setup "
+        "(treetune_verl.verl), a later layer"
     ]
+
+
+# What one upstream version needs lives in that version's folder (``sglang/v0_5_12/``, ``verl/v0_9_1/``, ...): a module
+# named for a version (``*_v0_9_1``, ``*_tq`` for verl 0.9.1's TransferQueue trainer) anywhere else is a second
+# convention for the same axis.
+VERSION_FOLDER = re.compile(r"^treetune_verl\.(sglang|verl)\.v\d+_\d+_\d+\w*(\.|$)")
+VERSION_SUFFIX = re.compile(r"(_v\d+_\d+(_\d+)?|_tq)$")
+# The agent loops run below the trainer's seams; what they take from the trainer layer is its feature list and metrics.
+AGENT_LOOP_TO_TRAINER_MAX = 2
+
+
+def version_suffixed_modules(modules) -> list[str]:
+    """Modules outside a version folder whose name carries a version."""
+    return sorted(m for m in modules if not VERSION_FOLDER.match(m) and VERSION_SUFFIX.search(m.rsplit(".", 1)[-1]))
+
+
+def agent_loop_to_trainer(graph: dict[str, set[str]]) -> set[str]:
+    """The trainer-layer modules the agent-loop layer imports."""
+    return {
+        target
+        for module, targets in graph.items()
+        if owner(module) == "treetune_verl.agent_loop"
+        for target in targets
+        if owner(target) == "treetune_verl.trainer"
+    }
+
+
+def test_no_version_suffix_outside_the_version_folders():
+    assert version_suffixed_modules(MODULES) == []
+    assert version_suffixed_modules(["treetune_verl.agent_loop.worker_tq", "treetune_verl.verl.v0_9_1.worker"]) == [
+        "treetune_verl.agent_loop.worker_tq"
+    ]
+    assert version_suffixed_modules(["treetune_verl.forecast.loop_v0_9_1", "treetune_verl.sglang.v0_5_12.launch"]) == [
+        "treetune_verl.forecast.loop_v0_9_1"
+    ]
+
+
+def test_the_agent_loops_take_little_from_the_trainer_layer():
+    imported = agent_loop_to_trainer(internal_graph())
+    assert len(imported) <= AGENT_LOOP_TO_TRAINER_MAX, sorted(imported)
+    graph = {
+        "treetune_verl.agent_loop.a": {f"treetune_verl.trainer.{m}" for m in ("features", "metrics", "custom_keys")}
+    }
+    assert len(agent_loop_to_trainer(graph)) == 3  # the check counts modules, not arrows
+
+
+def test_one_version_switch():
+    """Which verl version runs is decided in one place (``treetune_verl.verl.adapter``): no module branches on it."""
+    switch = re.compile(r"\bon_current_stack\b|installed_verl_version\(\) *(==|!=|in)|version\(\"verl\"\) *(==|!=|in)")
+    branching = [m for m, path in MODULES.items() if switch.search(path.read_text())]
+    assert branching == []
+    assert switch.search("if on_current_stack():") and switch.search('if version("verl") == "0.9.1":')
 
 
 # The sglang side and the agent loops must not pull sglang's heavy import into processes that do not need it: every
@@ -276,19 +328,19 @@ def test_the_fork_server_reports_a_failed_import_and_sglang(fresh_imports):
 
 # Modules of one verl only (the block's manager per stack): under another verl their import refuses, naming it.
 VERL_ONLY = {
-    "treetune_verl.agent_loop.entropy_manager_tq": "0.9.1",
-    "treetune_verl.agent_loop.entropy_tool_agent_loop_v0_9_1": "0.9.1",
-    "treetune_verl.agent_loop.forecast_eval_worker_tq": "0.9.1",
-    "treetune_verl.agent_loop.over_sample_worker_tq": "0.9.1",
-    "treetune_verl.agent_loop.resuming_client": "0.9.1",
-    "treetune_verl.agent_loop.session_rows_worker_tq": "0.9.1",
-    "treetune_verl.agent_loop.worker_tq": "0.9.1",
-    "treetune_verl.trainer.v0_9_1.over_sample_sampler": "0.9.1",
-    "treetune_verl.agent_loop.entropy_tool_agent_loop": "0.7.1",
-    "treetune_verl.agent_loop.entropy_manager": "0.7.1",
-    "treetune_verl.agent_loop.over_sample_worker": "0.7.1",
-    "treetune_verl.agent_loop.session_server_manager": "0.7.1",
-    "treetune_verl.agent_loop.worker": "0.7.1",
+    "treetune_verl.verl.v0_9_1.entropy_manager": "0.9.1",
+    "treetune_verl.verl.v0_9_1.entropy_tool_agent_loop": "0.9.1",
+    "treetune_verl.verl.v0_9_1.forecast_eval_worker": "0.9.1",
+    "treetune_verl.verl.v0_9_1.over_sample_worker": "0.9.1",
+    "treetune_verl.verl.v0_9_1.resuming_client": "0.9.1",
+    "treetune_verl.verl.v0_9_1.session_rows_worker": "0.9.1",
+    "treetune_verl.verl.v0_9_1.worker": "0.9.1",
+    "treetune_verl.verl.v0_9_1.over_sample_sampler": "0.9.1",
+    "treetune_verl.verl.v0_7_1.entropy_tool_agent_loop": "0.7.1",
+    "treetune_verl.verl.v0_7_1.entropy_manager": "0.7.1",
+    "treetune_verl.verl.v0_7_1.over_sample_worker": "0.7.1",
+    "treetune_verl.verl.v0_7_1.session_server_manager": "0.7.1",
+    "treetune_verl.verl.v0_7_1.worker": "0.7.1",
     "treetune_verl.verl.v0_7_1.generation_rollout": "0.7.1",
     "treetune_verl.verl.v0_9_1.generation_rollout": "0.9.1",
 }

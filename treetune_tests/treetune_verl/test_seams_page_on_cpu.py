@@ -96,18 +96,18 @@ def test_every_wrap_has_its_row_and_every_row_its_wrap():
 
 def test_the_check_fails_on_a_missing_row_and_on_a_row_without_a_wrap():
     """Negative controls: a Wrap the page forgot, a row whose hook nothing patches, an owner that does not exist."""
-    wraps = {("trainer/trainer_seams.py", "_validate"), ("trainer/trainer_seams.py", "extract_reward")}
+    wraps = {("verl/v0_7_1/trainer_seams.py", "_validate"), ("verl/v0_7_1/trainer_seams.py", "extract_reward")}
     page = (
         "## Seams\n\n| upstream | seam | owner | features |\n|---|---|---|---|\n"
-        "| verl `ray_trainer` | `extract_reward` | `trainer/trainer_seams.py` | x |\n"
-        "| verl `RayPPOTrainer` | `compute_advantage` | `trainer/trainer_seams.py` | y |\n"
+        "| verl `ray_trainer` | `extract_reward` | `verl/v0_7_1/trainer_seams.py` | x |\n"
+        "| verl `RayPPOTrainer` | `compute_advantage` | `verl/v0_7_1/trainer_seams.py` | y |\n"
         "| verl `AgentLoopWorker` | `_postprocess` (subclass) | `agent_loop/no_such_module.py` | z |\n"
         "| verl `AgentLoopWorker` | `generate_sequences` (a subclass) | `agent_loop/entropy_worker.py` | w |\n"
         "\n## Next\n"
     )
     assert problems(wraps, page_rows(page)) == [
-        "Wrap of '_validate' in trainer/trainer_seams.py has no row naming it in the seams table",
-        "row 'verl `RayPPOTrainer`': 'compute_advantage' is no Wrap of trainer/trainer_seams.py (nor a seam of "
+        "Wrap of '_validate' in verl/v0_7_1/trainer_seams.py has no row naming it in the seams table",
+        "row 'verl `RayPPOTrainer`': 'compute_advantage' is no Wrap of verl/v0_7_1/trainer_seams.py (nor a seam of "
         "another named kind)",
         "row 'verl `AgentLoopWorker`': owner agent_loop/no_such_module.py is not a module of the package",
     ]

@@ -18,7 +18,7 @@ no prompt is lost (they are trained later). Only single-turn rows from loops tha
 
 Who calls what, all in the trainer's process:
 
-- the trainer's ``_get_gen_batch`` seam (``treetune_verl/trainer/trainer_seams.py``): :meth:`CarryOver.fill_slots`;
+- the trainer's ``_get_gen_batch`` seam (``treetune_verl/verl/v0_7_1/trainer_seams.py``): :meth:`CarryOver.fill_slots`;
   its checkpoint seams save and restore :meth:`CarryOver.state_dict` next to verl's dataloader state, so a resumed
   run loses neither the carried groups nor the waiting prompts;
 - the manager (``entropy_manager.py``): :meth:`CarryOver.resume_column` before the step's generation (each row's

@@ -22,7 +22,7 @@ def served_entropy(output: Any) -> list[float]:
         raise RuntimeError(
             f"the inference server returned no per-token entropy ({type(output).__name__}): rollout entropy needs "
             f"treetune_verl's EntropySGLangHttpServer (select {CONFIG_PATH}.agent.agent_loop_manager_class="
-            f"treetune_verl.agent_loop.EntropyAgentLoopManager) and {CONFIG_PATH}.calculate_log_probs=True"
+            f"treetune_verl.verl.EntropyAgentLoopManager) and {CONFIG_PATH}.calculate_log_probs=True"
         )
     if len(entropy) != len(output.token_ids):
         raise RuntimeError(f"server returned {len(entropy)} entropies for {len(output.token_ids)} tokens")

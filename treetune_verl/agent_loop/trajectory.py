@@ -34,5 +34,5 @@ CURRENT_TRAJECTORY: ContextVar[Trajectory | None] = ContextVar("treetune_traject
 
 # Set by a worker feature around one row's agent loop (the row's task and the tasks it starts see it), None elsewhere;
 # whoever sends a turn of the row calls it with the turn's prompt ids first (verl 0.7.1: session_server_manager.py,
-# verl 0.9.1: over_sample_worker_tq.py SessionLLMServerClient). The live forecast starts E's requests at the first.
+# verl 0.9.1: verl/v0_9_1/over_sample_worker.py SessionLLMServerClient). The live forecast starts E's requests at the first.
 PROMPT_HOOK: ContextVar[Callable[[list[int]], None] | None] = ContextVar("treetune_prompt_hook", default=None)

@@ -4,6 +4,6 @@
 realised entropy change (treetune_specs/2026-11-23-live-entropy-forecast.md).
 
 Enable with ``hydra.searchpath=[pkg://treetune_verl.config] +treetune_forecast=entropy_forecast`` (the block sets
-``actor_rollout_ref.model.external_lib=treetune_verl.trainer.actor_setup`` and
+``actor_rollout_ref.model.external_lib=treetune_verl.verl.process_setup`` and
 ``actor_rollout_ref.rollout.custom.entropy_forecast``).
 """

@@ -316,7 +316,7 @@ class ForecastRun:
     the update's first optimizer step (:meth:`optimizer_step`), the realised change in :meth:`finish`.
 
     The caller routes verl's optimizer step through :meth:`optimizer_step` for the duration of the update: the
-    actor seam (``treetune_verl/trainer/actor_seams.py``) in verl's trainer, :meth:`around` elsewhere. Built from
+    actor seam (``treetune_verl/verl/v0_7_1/actor_seams.py``) in verl's trainer, :meth:`around` elsewhere. Built from
     verl 0.7.1's actor and batch by :meth:`from_dp_actor`.
 
     E is the rollout's (``inputs.rollout_eval``) when given, else sampled here (``probe/sample_s``).

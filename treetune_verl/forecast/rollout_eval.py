@@ -6,9 +6,9 @@ Shape notation: B = the step's distinct prompts (uids), G = responses per prompt
 budget (``rollout.response_length``).
 
 On a training step the forecast runs (every ``every``-th ``generate_sequences`` call of the manager that trains, the
-1st, (1 + k)-th, ...), the manager (``agent_loop/entropy_manager.py``) marks the first row of each of E's uids
+1st, (1 + k)-th, ...), the manager (``verl/v0_7_1/entropy_manager.py``) marks the first row of each of E's uids
 (``ForecastSettings.eval_uids``) with an :class:`EvalPlan`; the agent-loop worker that runs the row
-(``agent_loop/forecast_eval_worker.py``), when the row's agent loop sends its first turn, sends G requests of E's own
+(``verl/v0_7_1/forecast_eval_worker.py``), when the row's agent loop sends its first turn, sends G requests of E's own
 for that prompt, at the rollout's temperature over the whole vocabulary (top-p 1, top-k off: the policy verl's actor
 computes its log-probabilities with, which the forecast differentiates), up to R new tokens, in the same server
 batches as the step's rows. E is not rows of the batch: it goes to the actor in ``meta_info[FORECAST_EVAL_META_KEY]`` (:class:`EvalResponses`; ``None`` on a
@@ -16,7 +16,7 @@ step without a forecast), so no loss, advantage, reward or metric of verl's sees
 responses U: separate requests, separate samples from the same weights θ.
 
 On verl 0.9.1 (V1 trainer) the same plan goes to the V1 workers as a column of the prompts
-(``agent_loop/forecast_eval_worker_tq.py``) and E comes back through TransferQueue (``rollout_eval_tq.py``) into the
+(``verl/v0_9_1/forecast_eval_worker.py``) and E comes back through TransferQueue (``verl/v0_9_1/rollout_eval.py``) into the
 actor batch's ``extra_info[FORECAST_EVAL_META_KEY]``.
 """
 

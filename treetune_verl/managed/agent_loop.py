@@ -13,7 +13,7 @@ The agent function is called as ``await agent_fn(managed, messages, **sample)`` 
 ``raw_prompt`` and ``sample`` the row's other fields (``extra_info``, ``tools_kwargs``, ``index``, ``uid``, ...), and
 returns what to train on (:mod:`~treetune_verl.managed.scored`): ``None`` for the first choice of its last call, a
 :class:`SequenceNode`, a :class:`ScoredNode` (with the agent's own reward) or a list of them (the session's
-branches: one row each, ``rollout.custom.managed.rows_per_session`` of them; ``agent_loop/session_rows_worker.py``).
+branches: one row each, ``rollout.custom.managed.rows_per_session`` of them; ``verl/v0_7_1/session_rows_worker.py``).
 
 Each row becomes an ``AgentLoopOutput``: ``prompt_ids`` up to its first model turn, the rest as the response
 (``response_mask`` 1 at model tokens, ``response_logprobs`` and ``extra_fields["response_entropy"]`` the served
@@ -87,7 +87,7 @@ def _agent(agent_fn: str | None, rollout_config: Any) -> AgentFn:
 class ManagedAgentLoop(AgentLoopBase):
     """Runs one managed session per sample; see the module docstring for the agent's contract."""
 
-    # Read by the agent-loop worker (agent_loop/session_rows_worker.py): this loop may return a session's k rows.
+    # Read by the agent-loop worker (verl/v0_7_1/session_rows_worker.py): this loop may return a session's k rows.
     returns_session_rows = True
 
     def __init__(self, *args: Any, agent_fn: str | None = None, **kwargs: Any) -> None:

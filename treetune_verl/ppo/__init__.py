@@ -6,7 +6,8 @@
 - ``loss_aggregation``: the legacy FSDP actor's loss normalised over a mini-batch's completed rows, never NaN.
 - ``entropy_advantage``: entropy steering (forking-token mask, entropy-shaped advantage) and its settings.
 
-The seams that call them live in ``treetune_verl/trainer/`` (``actor_setup``, named in ``external_lib``).
+The seams that call them live in ``treetune_verl/verl/v*/`` (installed by ``treetune_verl.verl.process_setup``, named in
+``external_lib``).
 
 Importing this package imports nothing (no verl): each module is imported where it is needed.
 """

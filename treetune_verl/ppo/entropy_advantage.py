@@ -17,7 +17,7 @@ Two transformations of verl's per-token advantages ``[batch, response_length]``,
 Entropies come from ``batch["rollout_entropy"]`` (float32 ``[batch, response_length]``, nats). The settings
 (:class:`EntropySteering`, ``actor_rollout_ref.rollout.custom.entropy``) are read by the trainer from its own config;
 :func:`steer_advantages` applies both to a training batch (called by the ``compute_advantage`` seam,
-``treetune_verl/trainer/trainer_seams.py``).
+``treetune_verl/verl/v0_7_1/trainer_seams.py``).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ loss 0 and zero gradients, and the optimizer step still happens (as verl's does;
 parameters can still move). Each rank's ``actor/pg_loss`` is then its share of the global loss times the
 data-parallel size, so its mean over ranks is the global mini-batch loss (summed over mini-batches, as verl sums it).
 
-Mechanism (the seams are ``treetune_verl/trainer/actor_seams.py``'s): around ``DataParallelPPOActor.update_policy``,
+Mechanism (the seams are ``treetune_verl/verl/v0_7_1/actor_seams.py``'s): around ``DataParallelPPOActor.update_policy``,
 :func:`normalisation_for` counts C and T per mini-batch exactly as verl splits (``data.split(ppo_mini_batch_size)``,
 repeated for each of ``ppo_epochs``) and the aborted rows, summed over the data-parallel ranks (one small all-reduce:
 a rank without aborted rows of its own must still take part). If some row is aborted, verl's ``update_policy`` runs

@@ -19,7 +19,7 @@ Features and the keys that turn them on (any subset, the blocks in any order on 
   entropy_forecast``).
 
 Over-sampling and the forecast also need our actor entry point in ``actor_rollout_ref.model.external_lib``
-(:data:`ACTOR_SETUP_MODULE`, which both blocks name). No pair of features
+(:data:`PROCESS_SETUP_MODULE`, which both blocks name). No pair of features
 conflicts but one, for now (managed sessions of several rows with over-sampling); what is refused is a feature
 without its prerequisite, or with a verl setting it does not cover, and the message names both keys.
 """
@@ -46,7 +46,7 @@ from treetune_verl.trainer.custom_keys import OVER_SAMPLE_KEYS, OVER_SAMPLE_SECT
 
 ROLLOUT = "actor_rollout_ref.rollout"
 MANAGER_KEY = f"{ROLLOUT}.agent.agent_loop_manager_class"
-MANAGER_CLASS = "treetune_verl.agent_loop.EntropyAgentLoopManager"
+MANAGER_CLASS = "treetune_verl.verl.EntropyAgentLoopManager"
 RATE_KEY = "over_sample_rate"  # verl's own key under actor_rollout_ref.rollout
 # The over_sample section's keys, full paths: one list of them (custom_keys.py, whose typo check knows them too)
 FAILED_ROWS_KEY, CARRY_OVER_KEY, MAX_STALENESS_KEY = (
@@ -55,7 +55,7 @@ FAILED_ROWS_KEY, CARRY_OVER_KEY, MAX_STALENESS_KEY = (
 DEFAULT_MAX_STALENESS = 2  # steps: a token sampled at step k trains at step k + 2 at the latest
 ROLLOUT_CORRECTION_KEY = "algorithm.rollout_correction"
 EXTERNAL_LIB_KEY = "actor_rollout_ref.model.external_lib"
-ACTOR_SETUP_MODULE = "treetune_verl.trainer.actor_setup"
+PROCESS_SETUP_MODULE = "treetune_verl.verl.process_setup"
 WORKER_IMPL_KEY = "trainer.use_legacy_worker_impl"
 ESTIMATOR_KEY = "algorithm.adv_estimator"
 STEERING_KEY = f"{ROLLOUT}.custom.entropy.pg_token_quantile / advantage_shaping.alpha"
@@ -87,8 +87,8 @@ def external_libs(config: Any) -> list[str]:
     return [] if libs is None else [libs] if isinstance(libs, str) else list(libs)
 
 
-def has_actor_setup(config: Any) -> bool:
-    return ACTOR_SETUP_MODULE in external_libs(config)
+def has_process_setup(config: Any) -> bool:
+    return PROCESS_SETUP_MODULE in external_libs(config)
 
 
 def _flag(config: Any, key: str) -> bool:
@@ -198,9 +198,9 @@ def check_features(config: Any, rollout_entropy: bool | None = None) -> RunFeatu
     if features.carry_over:
         check_carry_over_config(config, features)
     if features.forecast is not None:
-        if not has_actor_setup(config):
+        if not has_process_setup(config):
             raise ValueError(
-                f"{FORECAST_SECTION} needs {EXTERNAL_LIB_KEY}={ACTOR_SETUP_MODULE} (the forecast's block sets it)"
+                f"{FORECAST_SECTION} needs {EXTERNAL_LIB_KEY}={PROCESS_SETUP_MODULE} (the forecast's block sets it)"
             )
         if OmegaConf.select(config, WORKER_IMPL_KEY, default="auto") == "disable":
             raise ValueError(
@@ -236,11 +236,11 @@ def check_over_sample_config(config: Any) -> None:
     _require_exact(what, ESTIMATOR_KEY, _estimator(config), ESTIMATORS_WITH_ABORTED_GROUPS, unknown)
     if _critic_on(config):
         raise ValueError(f"{what} with critic.enable=True: the critic's value loss would fit the aborted rows")
-    if not has_actor_setup(config):
+    if not has_process_setup(config):
         raise ValueError(
             f"{what} needs the actor to leave aborted rows out (in verl 0.7.1 a micro-batch of aborted rows "
             f"stops the actor's rollout-correction metrics and dilutes its loss): set {EXTERNAL_LIB_KEY}="
-            f"{ACTOR_SETUP_MODULE}"
+            f"{PROCESS_SETUP_MODULE}"
         )
     if OmegaConf.select(config, WORKER_IMPL_KEY, default="auto") == "disable":
         raise ValueError(f"{what} supports verl's legacy FSDP workers only ({WORKER_IMPL_KEY})")
@@ -269,9 +269,9 @@ def check_carry_over_config(config: Any, features: RunFeatures) -> None:
 USE_V1_KEY = "trainer.use_v1"
 TRAINER_MODE_KEY = "trainer.v1.trainer_mode"
 CURRENT_TRAINER_MODES = ("sync", "colocate_async")  # separate_async overrides _compute_old_log_prob
-# Over-sampling's V1 replay buffer (trainer/v0_9_1/over_sample_sampler.py), selected through verl's own keys.
+# Over-sampling's V1 replay buffer (verl/v0_9_1/over_sample_sampler.py), selected through verl's own keys.
 SAMPLER_KEY = "trainer.v1.sampler.custom_sampler"
-SAMPLER_PATH = "pkg://treetune_verl.trainer.v0_9_1.over_sample_sampler"
+SAMPLER_PATH = "pkg://treetune_verl.verl.v0_9_1.over_sample_sampler"
 SAMPLER_NAME = "OverSampleReplayBuffer"
 GEN_BATCH_SIZE_KEY = "data.gen_batch_size"
 SYNC_PARTS_KEY = "trainer.v1.sync.parameter_sync_step"  # verl reads it per trainer mode (trainer_base.py:130)
@@ -284,7 +284,7 @@ def check_current_stack(config: Any, verl_version: str) -> RunFeatures:
     default (V1) trainer in its ``sync`` and ``colocate_async`` modes, over-sampling in ``sync`` with its replay
     buffer (:func:`check_current_over_sample_config`), managed agent sessions in ``sync`` and ``colocate_async`` (of
     several rows each: not with over-sampling), the live forecast in the engine worker's actor
-    (``trainer/v0_9_1/actor_seams.py``; E sampled there: the V1 rollout does not sample E yet).
+    (``verl/v0_9_1/actor_seams.py``; E sampled there: the V1 rollout does not sample E yet).
 
     Raises:
         ValueError: naming the refused key and ``verl_version``.

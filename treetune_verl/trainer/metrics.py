@@ -9,8 +9,12 @@ dict, which the trainer logs as ``timing_s/agent_loop/rollout_entropy/{mean,p50,
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
+
+from treetune_verl.rollout.rollout_config import entropy_config
 
 METRIC_PREFIX = "agent_loop/rollout_entropy"
 OVER_SAMPLE_PREFIX = "rollout"
@@ -146,3 +150,14 @@ def managed_session_metrics(rows: list[dict | None]) -> dict[str, float]:
     if scores:
         metrics[f"{MANAGED_PREFIX}/agent_reward/mean"] = float(np.mean(scores))
     return metrics
+
+
+def agreement_is_defined(rollout_config: Any) -> bool:
+    """Whether rollout entropy and the actor's entropy describe the same distribution.
+
+    verl's actor computes the entropy of softmax(logits / T) over the full vocabulary at the rollout temperature T
+    (``dp_actor.py`` ``_forward_micro_batch``): ``tempered`` mode, or ``raw`` mode at T = 1, without top-k.
+    """
+    config = entropy_config(rollout_config)
+    temperature = float(rollout_config.get("temperature", 1.0))
+    return config.top_k is None and (config.mode == "tempered" or temperature == 1.0)

@@ -8,7 +8,7 @@ Each version's folder has the same modules, with the same names and functions; c
 
 Today the folders hold the generation job's rollout (``generation_rollout``: verl's agent-loop manager in standalone
 mode with the entropy worker, for ``backend=verl``). The other modules only one verl needs (``agent_loop/*_tq.py``,
-``trainer/v0_9_1/``, the pinned-only agent-loop modules and seams) move here next (issue 47;
+``verl/v0_9_1/``, the pinned-only agent-loop modules and seams) move here next (issue 47;
 ``treetune_specs/2026-11-28-house-settings-and-stacks.md``).
 """
 
@@ -42,3 +42,13 @@ def adapter(module: str) -> ModuleType:
             f"treetune_verl's verl adapters support verl {' or '.join(ADAPTERS)}; verl {version} is installed"
         )
     return importlib.import_module(f"{ADAPTERS[version]}.{module}")
+
+
+# Public name -> the adapter module that defines it for the installed verl (imported on first use, PEP 562).
+PUBLIC = {"EntropyAgentLoopManager": "entropy_manager", "EntropyToolAgentLoop": "entropy_tool_agent_loop"}
+
+
+def __getattr__(name: str) -> type:
+    if name not in PUBLIC:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(adapter(PUBLIC[name]), name)

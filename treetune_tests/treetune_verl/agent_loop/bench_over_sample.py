@@ -84,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
     from treetune_tests.tiny_model import build_tiny_qwen2
-    from treetune_verl.agent_loop import EntropyAgentLoopManager
     from treetune_verl.model_cache import models_dir
+    from treetune_verl.verl import EntropyAgentLoopManager
 
     work = Path(tempfile.mkdtemp(prefix="bench_over_sample_"))
     model = model_with_short_turns(build_tiny_qwen2(models_dir() / "tiny-qwen2-seed0", seed=0), work / "m")

@@ -9,7 +9,8 @@ import torch
 from verl.protocol import DataProto
 
 from treetune_tests.treetune_verl.agent_loop.fakes import FakeEntropyServer, compose_config, make_batch
-from treetune_verl.agent_loop import ROLLOUT_ENTROPY_KEY, EntropyAgentLoopWorker
+from treetune_verl.agent_loop import ROLLOUT_ENTROPY_KEY
+from treetune_verl.verl.v0_7_1.worker import EntropyAgentLoopWorker
 
 PROMPT_LENGTH, RESPONSE_LENGTH = 64, 128
 

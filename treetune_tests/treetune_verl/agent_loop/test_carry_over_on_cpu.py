@@ -136,13 +136,13 @@ def test_keep_aborted_without_the_seam_says_so():
 
 def _config(**over_sample):
     rollout = {
-        "agent": {"agent_loop_manager_class": "treetune_verl.agent_loop.EntropyAgentLoopManager"},
+        "agent": {"agent_loop_manager_class": "treetune_verl.verl.EntropyAgentLoopManager"},
         "over_sample_rate": over_sample.pop("rate", 0.25),
         "custom": {"over_sample": over_sample},
     }
     return OmegaConf.create(
         {
-            "actor_rollout_ref": {"rollout": rollout, "model": {"external_lib": "treetune_verl.trainer.actor_setup"}},
+            "actor_rollout_ref": {"rollout": rollout, "model": {"external_lib": "treetune_verl.verl.process_setup"}},
             "algorithm": {"adv_estimator": "grpo", "rollout_correction": {"rollout_is": "token", "bypass_mode": False}},
         }
     )

@@ -45,9 +45,9 @@ from treetune_tests.treetune_verl.agent_loop.standalone import (
     standalone_config,
     teacher_forced,
 )
-from treetune_verl.agent_loop import EntropyAgentLoopManager
 from treetune_verl.batch_keys import PENDING_METRICS_KEY, ROLLOUT_ABORTED_KEY, ROLLOUT_RESUMED_TOKENS_KEY
 from treetune_verl.config import AGENT_LOOPS_YAML
+from treetune_verl.verl import EntropyAgentLoopManager
 
 pytest.importorskip("uvicorn", reason="sglang's http_server (imported by verl's server) needs uvicorn")
 pytest.importorskip("multipart", reason="sglang's http_server needs python-multipart")
@@ -113,7 +113,7 @@ def _carry_config(model_path, workdir):
         rollout.agent.agent_loop_config_path = str(workdir / "loops.yaml")
         config.algorithm.adv_estimator = "grpo"
         config.algorithm.rollout_correction.rollout_is = "token"
-        config.actor_rollout_ref.model.external_lib = "treetune_verl.trainer.actor_setup"
+        config.actor_rollout_ref.model.external_lib = "treetune_verl.verl.process_setup"
     return config
 
 

@@ -21,7 +21,8 @@ from treetune_tests.treetune_verl.agent_loop.fakes import (
     make_batch,
     unpadded,
 )
-from treetune_verl.agent_loop import HAS_ROLLOUT_ENTROPY_KEY, EntropyAgentLoopWorker
+from treetune_verl.agent_loop import HAS_ROLLOUT_ENTROPY_KEY
+from treetune_verl.verl.v0_7_1.worker import EntropyAgentLoopWorker
 
 
 async def test_single_turn(worker):

@@ -8,7 +8,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from treetune_tests.treetune_verl.agent_loop.conftest import generate
-from treetune_verl.agent_loop import ROLLOUT_ENTROPY_KEY, EntropyAgentLoopManager
+from treetune_verl.agent_loop import ROLLOUT_ENTROPY_KEY
+from treetune_verl.verl import EntropyAgentLoopManager
 
 
 async def test_manager_reports_metrics_through_verl_timing(worker):

@@ -37,7 +37,7 @@ scheduler holds no entropy state afterwards (sglang's ``/server_info``); after `
 processes the run started (Ray's own, the worker actors, sglang's scheduler and detokenizer) is left.
 
 With the live forecast's block on, the same (training) call also samples the forecast's E on the same server, in the
-workers, beside the rows (``forecast/rollout_eval.py``, ``agent_loop/forecast_eval_worker.py``): not rows of the batch
+workers, beside the rows (``forecast/rollout_eval.py``, ``verl/v0_7_1/forecast_eval_worker.py``): not rows of the batch
 (its row count is the input's; our columns gone), one entry for each of E's uids (the first ⌈0.5 · 3⌉ = 2 of the
 three in sorted order, ``eval_share`` 0.5) with that uid's prompt ids,
 ``rollout.n`` responses each from requests of E's own (sticky keys unique), each a sample of the model (it ends at its
@@ -66,10 +66,11 @@ from treetune_tests.treetune_verl.agent_loop.standalone import (
     standalone_config,
     teacher_forced,
 )
-from treetune_verl.agent_loop import HAS_ROLLOUT_ENTROPY_KEY, ROLLOUT_ENTROPY_KEY, EntropyAgentLoopManager
+from treetune_verl.agent_loop import HAS_ROLLOUT_ENTROPY_KEY, ROLLOUT_ENTROPY_KEY
 from treetune_verl.batch_keys import FORECAST_EVAL_META_KEY, PENDING_METRICS_KEY
 from treetune_verl.forecast.rollout_eval import REQUEST_PREFIX
 from treetune_verl.sglang.config import INTERNAL_STATE_KEY
+from treetune_verl.verl import EntropyAgentLoopManager
 
 pytest.importorskip("uvicorn", reason="sglang's http_server (imported by verl's server) needs uvicorn")
 pytest.importorskip("multipart", reason="sglang's http_server needs python-multipart")
@@ -90,7 +91,7 @@ def test_standalone_manager_real_engine_matches_hf(tiny_model_dir, tmp_path, mon
     config = standalone_config(model_path, tmp_path / "cfg")
     with open_dict(config):  # the live forecast's block: E sampled with the training call
         config.actor_rollout_ref.rollout.custom = {"entropy_forecast": {"every": 1}}
-        config.actor_rollout_ref.model.external_lib = "treetune_verl.trainer.actor_setup"
+        config.actor_rollout_ref.model.external_lib = "treetune_verl.verl.process_setup"
     with ray_session(monkeypatch) as session:
         t0 = time.monotonic()
         manager = EntropyAgentLoopManager.create(config)

@@ -22,7 +22,8 @@ from treetune_tests.treetune_verl.agent_loop.fakes import (
     compose_config,
     make_batch,
 )
-from treetune_verl.agent_loop import ROLLOUT_ENTROPY_KEY, EntropyAgentLoopManager
+from treetune_verl.agent_loop import ROLLOUT_ENTROPY_KEY
+from treetune_verl.verl import EntropyAgentLoopManager
 
 PROMPT_LENGTH, RESPONSE_LENGTH = 64, 128
 REPO_ROOT = Path(__file__).resolve().parents[3]

@@ -28,7 +28,7 @@ from treetune_verl.agent_loop.over_sample import (
 from treetune_verl.rollout.session import new_session_id
 from treetune_verl.trainer.features import RunFeatures, check_over_sample_config, completion_target, over_sample_rate
 from treetune_verl.trainer.metrics import over_sample_metrics
-from treetune_verl.trainer.trainer_seams import _wrap_extract_reward
+from treetune_verl.verl.v0_7_1.trainer_seams import _wrap_extract_reward
 
 
 @pytest.mark.parametrize(
@@ -52,7 +52,7 @@ def test_over_sample_rate_reads_verls_key_and_refuses_out_of_range():
 def _config(**overrides):
     config = {
         "algorithm": {"adv_estimator": "grpo_valid"},
-        "actor_rollout_ref": {"model": {"external_lib": "treetune_verl.trainer.actor_setup"}, "rollout": {}},
+        "actor_rollout_ref": {"model": {"external_lib": "treetune_verl.verl.process_setup"}, "rollout": {}},
         "trainer": {"use_legacy_worker_impl": "auto"},
     }
     config = OmegaConf.merge(OmegaConf.create(config), OmegaConf.create(overrides))
@@ -62,13 +62,13 @@ def _config(**overrides):
 def test_check_over_sample_config_refuses_settings_that_train_aborted_rows_wrongly():
     check_over_sample_config(_config())
     check_over_sample_config(
-        _config(actor_rollout_ref={"model": {"external_lib": ["mine", "treetune_verl.trainer.actor_setup"]}})
+        _config(actor_rollout_ref={"model": {"external_lib": ["mine", "treetune_verl.verl.process_setup"]}})
     )
     for estimator in ("grpo", "rloo", "grpo_vectorized"):  # whole groups: verl's own statistics are right
         check_over_sample_config(_config(algorithm={"adv_estimator": estimator}))
     with pytest.raises(ValueError, match="adv_estimator=gpg: its batch-wide scale .* Use one of: .*grpo,"):
         check_over_sample_config(_config(algorithm={"adv_estimator": "gpg"}))  # the full table: its own test file
-    with pytest.raises(ValueError, match="external_lib=treetune_verl.trainer.actor_setup"):
+    with pytest.raises(ValueError, match="external_lib=treetune_verl.verl.process_setup"):
         check_over_sample_config(_config(actor_rollout_ref={"model": {"external_lib": None}}))
     with pytest.raises(ValueError, match="use_legacy_worker_impl"):
         check_over_sample_config(_config(trainer={"use_legacy_worker_impl": "disable"}))

@@ -52,10 +52,11 @@ from treetune_tests.treetune_verl.agent_loop.standalone import (
     standalone_config,
     teacher_forced,
 )
-from treetune_verl.agent_loop import ROLLOUT_ENTROPY_KEY, EntropyAgentLoopManager
+from treetune_verl.agent_loop import ROLLOUT_ENTROPY_KEY
 from treetune_verl.batch_keys import PENDING_METRICS_KEY, ROLLOUT_ABORTED_KEY, ROLLOUT_FAILED_KEY
 from treetune_verl.config import AGENT_LOOPS_YAML
 from treetune_verl.sglang.config import INTERNAL_STATE_KEY
+from treetune_verl.verl import EntropyAgentLoopManager
 
 pytest.importorskip("uvicorn", reason="sglang's http_server (imported by verl's server) needs uvicorn")
 pytest.importorskip("multipart", reason="sglang's http_server needs python-multipart")
@@ -92,7 +93,7 @@ def _over_sample_config(model_path, workdir):
         config.actor_rollout_ref.rollout.over_sample_rate = RATE
         config.actor_rollout_ref.rollout.agent.agent_loop_config_path = str(workdir / "loops.yaml")
         config.algorithm.adv_estimator = "grpo_valid"
-        config.actor_rollout_ref.model.external_lib = "treetune_verl.trainer.actor_setup"
+        config.actor_rollout_ref.model.external_lib = "treetune_verl.verl.process_setup"
     return config
 
 

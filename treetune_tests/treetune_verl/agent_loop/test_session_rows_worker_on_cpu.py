@@ -26,9 +26,9 @@ from treetune_tests.treetune_verl.agent_loop.fakes import (
 )
 from treetune_tests.treetune_verl.agent_loop.standalone import last_turn_start
 from treetune_tests.treetune_verl.managed.agents import branch_score
-from treetune_verl.agent_loop import EntropyAgentLoopWorker
 from treetune_verl.batch_keys import MANAGED_ROW_KEY
 from treetune_verl.config import CONFIG_DIR
+from treetune_verl.verl.v0_7_1.worker import EntropyAgentLoopWorker
 
 PROMPT_LENGTH, RESPONSE_LENGTH = 64, 128
 AGENTS = "treetune_tests.treetune_verl.managed.agents"

@@ -22,7 +22,7 @@ from treetune_verl.config import AGENT_LOOPS_YAML, read_overrides
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 E2E_SCRIPT = REPO_ROOT / "treetune_tests" / "e2e" / "test_entropy_e2e.sh"
-MANAGER = "treetune_verl.agent_loop.EntropyAgentLoopManager"
+MANAGER = "treetune_verl.verl.EntropyAgentLoopManager"
 
 
 def _compose(overrides: list[str]):
@@ -43,8 +43,8 @@ def test_block_composes_with_ppo_trainer():
     from verl.utils.import_utils import load_class_from_fqn
     from verl.workers.config import RolloutConfig
 
-    from treetune_verl.agent_loop import EntropyAgentLoopManager
     from treetune_verl.rollout.rollout_config import check_rollout_config, entropy_config
+    from treetune_verl.verl import EntropyAgentLoopManager
 
     block = read_overrides()
     assert block == ["hydra.searchpath=[pkg://treetune_verl.config]", "+treetune=rollout_entropy"]
@@ -76,7 +76,8 @@ def test_agent_loops_yaml_targets_our_loops():
     from hydra.utils import get_class
     from omegaconf import OmegaConf
 
-    from treetune_verl.agent_loop import EntropySingleTurnAgentLoop, EntropyToolAgentLoop
+    from treetune_verl.agent_loop import EntropySingleTurnAgentLoop
+    from treetune_verl.verl import EntropyToolAgentLoop
 
     entries = {entry.name: get_class(entry._target_) for entry in OmegaConf.load(AGENT_LOOPS_YAML)}
     assert entries == {
@@ -118,7 +119,7 @@ def test_e2e_probe_mode_swaps_in_a_subclass_of_our_manager(tiny_model_dir, tmp_p
         "treetune_tests.e2e.e2e_probe.ProbedEntropyAgentLoopManager"
     ]
     from treetune_tests.e2e.e2e_probe import ProbedEntropyAgentLoopManager
-    from treetune_verl.agent_loop import EntropyAgentLoopManager
+    from treetune_verl.verl import EntropyAgentLoopManager
 
     assert issubclass(ProbedEntropyAgentLoopManager, EntropyAgentLoopManager)
 

@@ -16,7 +16,7 @@ E wait for the rows).
     python treetune_tests/treetune_verl/forecast/bench_forecast_rollout_share.py --model smollm2 --rounds 6
 
 On verl 0.9.1 (the installed verl decides) the same comparison runs on the V1 path (the setup of
-``trainer/v0_9_1/test_v1_rollout_standalone_on_cpu.py``: verl's standalone servers with our replica, our
+``verl/v0_9_1/test_v1_rollout_standalone_on_cpu.py``: verl's standalone servers with our replica, our
 ``AgentLoopManagerTQ`` and V1 workers, TransferQueue): a call is the trainer's dispatch (prompts registered
 ``pending``, ``generate_sequences``) until every prompt is ``finished`` in TransferQueue (polled every 50 ms), and the
 E metrics come from the trainer seam's ``take_rollout_eval``; ``entropy_single_turn_agent`` rows.
@@ -93,14 +93,14 @@ def main(argv: list[str] | None = None) -> int:
 
     if importlib.metadata.version("verl") == "0.9.1":
         return _main_v1(args)
-    from treetune_verl.agent_loop import EntropyAgentLoopManager
+    from treetune_verl.verl import EntropyAgentLoopManager
 
     config = standalone_config(_model_path(args.model), Path(tempfile.mkdtemp()))
     with open_dict(config):
         config.actor_rollout_ref.rollout.n = args.n
         config.actor_rollout_ref.rollout.engine_kwargs.sglang.max_running_requests = args.max_running_requests
         config.actor_rollout_ref.rollout.custom = {"entropy_forecast": {"every": 1}}
-        config.actor_rollout_ref.model.external_lib = "treetune_verl.trainer.actor_setup"
+        config.actor_rollout_ref.model.external_lib = "treetune_verl.verl.process_setup"
     with pytest.MonkeyPatch.context() as monkeypatch, ray_session(monkeypatch):
         manager = EntropyAgentLoopManager.create(config)
         rollout_eval = manager.rollout_eval
@@ -151,8 +151,8 @@ def _v1_call(manager, prompts: int, n: int, round_: int) -> tuple[float, dict[st
     E taken out of TransferQueue after."""
     import transfer_queue as tq
 
-    from treetune_tests.treetune_verl.trainer.v0_9_1.test_v1_rollout_standalone_on_cpu import _prompts
-    from treetune_verl.forecast.rollout_eval_tq import take_rollout_eval
+    from treetune_tests.treetune_verl.verl.v0_9_1.test_v1_rollout_standalone_on_cpu import _prompts
+    from treetune_verl.verl.v0_9_1.rollout_eval import take_rollout_eval
 
     contents = [f"write a short poem about the number {round_ * prompts + b}" for b in range(prompts)]
     batch = _prompts(["entropy_single_turn_agent"] * prompts, contents, rollout_n=n)
@@ -178,7 +178,7 @@ def _v1_call(manager, prompts: int, n: int, round_: int) -> tuple[float, dict[st
 
 def _main_v1(args: argparse.Namespace) -> int:
     """The comparison on verl 0.9.1's V1 rollout path (module docstring)."""
-    from treetune_tests.treetune_verl.trainer.v0_9_1.test_v1_rollout_standalone_on_cpu import _config, _v1_rollout
+    from treetune_tests.treetune_verl.verl.v0_9_1.test_v1_rollout_standalone_on_cpu import _config, _v1_rollout
 
     config = _config(
         _model_path(args.model), Path(tempfile.mkdtemp()), overrides=[f"actor_rollout_ref.rollout.n={args.n}"]

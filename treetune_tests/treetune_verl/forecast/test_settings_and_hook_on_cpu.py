@@ -23,7 +23,7 @@ from treetune_verl.forecast import live
 from treetune_verl.forecast.settings import SECTION, ForecastSettings, forecast_settings
 from treetune_verl.forecast.verl_batch import eval_prompts, prompts_by_uid
 from treetune_verl.patching import is_patched, original_of
-from treetune_verl.trainer import actor_seams
+from treetune_verl.verl.v0_7_1 import actor_seams
 from treetune_verl.verl_guard import UnsupportedVerlError
 
 BLOCK = ["hydra.searchpath=[pkg://treetune_verl.config]", "+treetune_forecast=entropy_forecast"]
@@ -39,7 +39,7 @@ def _compose(overrides: list[str]):
 
 def test_block_composes_alone_and_after_the_rollout_entropy_block():
     alone = _compose(BLOCK).actor_rollout_ref
-    assert alone.model.external_lib == "treetune_verl.trainer.actor_setup"  # the one actor entry point
+    assert alone.model.external_lib == "treetune_verl.verl.process_setup"  # the one actor entry point
     assert forecast_settings(alone.rollout) == ForecastSettings()
     both = _compose(
         [BLOCK[0], "+treetune=rollout_entropy", BLOCK[1], "actor_rollout_ref.rollout.custom.entropy_forecast.every=3"]

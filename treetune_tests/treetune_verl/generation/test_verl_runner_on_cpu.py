@@ -87,7 +87,7 @@ def test_composed_verl_config_carries_the_job_settings(tiny_model_dir):
     assert (rollout.temperature, rollout.top_p, rollout.top_k, rollout.n) == (0.7, 0.9, 20, 1)
     assert (rollout.prompt_length, rollout.response_length) == (37, 48)
     assert (rollout.custom.entropy.top_k, rollout.custom.entropy.mode) == (5, "tempered")
-    assert rollout.agent.agent_loop_manager_class == "treetune_verl.agent_loop.EntropyAgentLoopManager"
+    assert rollout.agent.agent_loop_manager_class == "treetune_verl.verl.EntropyAgentLoopManager"
     assert rollout.agent.num_workers == 4  # verl.overrides come last
     sglang = rollout.engine_kwargs.sglang
     assert sglang.device == "cpu" and sglang.attention_backend == "torch_native" and not sglang.enable_memory_saver

@@ -23,8 +23,9 @@ from treetune_tests.treetune_verl.agent_loop.fakes import (
     make_batch,
     unpadded,
 )
-from treetune_verl.agent_loop import HAS_ROLLOUT_ENTROPY_KEY, ROLLOUT_ENTROPY_KEY, EntropyAgentLoopWorker
+from treetune_verl.agent_loop import HAS_ROLLOUT_ENTROPY_KEY, ROLLOUT_ENTROPY_KEY
 from treetune_verl.config import CONFIG_DIR
+from treetune_verl.verl.v0_7_1.worker import EntropyAgentLoopWorker
 
 PROMPT_LENGTH, RESPONSE_LENGTH = 64, 128
 AGENT_FN = "treetune_tests.treetune_verl.managed.agents:openai_tool_agent"

@@ -39,8 +39,9 @@ from treetune_tests.treetune_verl.agent_loop.standalone import (
 )
 from treetune_tests.treetune_verl.managed import rewards
 from treetune_tests.treetune_verl.managed.agents import branch_score
-from treetune_verl.agent_loop import ROLLOUT_ENTROPY_KEY, EntropyAgentLoopManager
+from treetune_verl.agent_loop import ROLLOUT_ENTROPY_KEY
 from treetune_verl.batch_keys import PENDING_METRICS_KEY
+from treetune_verl.verl import EntropyAgentLoopManager
 
 pytest.importorskip("uvicorn", reason="sglang's http_server (imported by verl's server) needs uvicorn")
 pytest.importorskip("multipart", reason="sglang's http_server needs python-multipart")

@@ -127,7 +127,7 @@ def test_the_batches_tell_a_batch_wide_statistic_apart():
 def _config(estimator: str, **overrides):
     config = {
         "algorithm": {"adv_estimator": estimator},
-        "actor_rollout_ref": {"model": {"external_lib": "treetune_verl.trainer.actor_setup"}, "rollout": {}},
+        "actor_rollout_ref": {"model": {"external_lib": "treetune_verl.verl.process_setup"}, "rollout": {}},
         "trainer": {"use_legacy_worker_impl": "auto"},
     }
     return OmegaConf.merge(OmegaConf.create(config), OmegaConf.create(overrides))

@@ -33,8 +33,8 @@ from verl.workers.fsdp_workers import ActorRolloutRefWorker
 from treetune_tests.tiny_model import tiny_causal_lm
 from treetune_verl.batch_keys import ROLLOUT_ABORTED_KEY as ABORTED_KEY
 from treetune_verl.patching import is_patched, original_of
-from treetune_verl.trainer import actor_seams
-from treetune_verl.trainer.actor_seams import install
+from treetune_verl.verl.v0_7_1 import actor_seams
+from treetune_verl.verl.v0_7_1.actor_seams import install
 from treetune_verl.verl_guard import UnsupportedVerlError
 
 PROMPT, RESPONSE, VOCAB = 3, 4, 32
@@ -343,14 +343,14 @@ assert is_patched(ActorRolloutRefWorker, "update_actor")
 assert {"grpo_valid", "rloo_valid"} <= set(core_algos.ADV_ESTIMATOR_REGISTRY)
 import verl.workers.engine_workers  # what a worker of trainer.use_legacy_worker_impl=disable has imported
 try:
-    importlib.reload(importlib.import_module("treetune_verl.trainer.actor_setup"))
+    importlib.reload(importlib.import_module("treetune_verl.verl.process_setup"))
 except RuntimeError as error:
     print(error)
 """
 
 
-def test_actor_setup_installs_in_a_legacy_worker_and_refuses_the_new_one():
-    command = [sys.executable, "-c", ACTOR_SETUP_SCRIPT, "treetune_verl.trainer.actor_setup"]
+def test_process_setup_installs_in_a_legacy_worker_and_refuses_the_new_one():
+    command = [sys.executable, "-c", ACTOR_SETUP_SCRIPT, "treetune_verl.verl.process_setup"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "trainer.use_legacy_worker_impl=auto" in result.stdout

@@ -118,7 +118,8 @@ async def test_launch_server_refuses_before_spawning(tiny_model_dir, tmp_path, i
 
 @pytest.mark.engine
 async def test_launch_server_and_generate_sequences_match_hf(tiny_model_dir, tmp_path, isolated_env):
-    from treetune_verl.agent_loop import ROLLOUT_ENTROPY_KEY, EntropyAgentLoopWorker
+    from treetune_verl.agent_loop import ROLLOUT_ENTROPY_KEY
+    from treetune_verl.verl.v0_7_1.worker import EntropyAgentLoopWorker
 
     config = _config(tiny_model_dir, tmp_path)
     server = _server(config)

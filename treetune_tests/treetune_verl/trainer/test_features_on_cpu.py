@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 from treetune_tests.e2e.script import run_script
 from treetune_verl.config import AGENT_LOOPS_YAML
 from treetune_verl.rollout.rollout_config import check_rollout_config
-from treetune_verl.trainer.features import ACTOR_SETUP_MODULE, RunFeatures, check_features
+from treetune_verl.trainer.features import PROCESS_SETUP_MODULE, RunFeatures, check_features
 
 CONFIG_DIR = os.path.dirname(AGENT_LOOPS_YAML)
 # feature -> (the e2e script's switches, extra Hydra overrides)
@@ -96,7 +96,7 @@ def test_every_pair_of_features_starts(names, tiny_model_dir, tmp_path):
     expected = {"rollout_entropy"} | {ENABLED[name] for name in names if ENABLED[name]}
     assert set(features.enabled) == expected
     if {"over_sampling", "forecast"} & set(names):  # both blocks name the one actor entry point
-        assert config.actor_rollout_ref.model.external_lib == ACTOR_SETUP_MODULE
+        assert config.actor_rollout_ref.model.external_lib == PROCESS_SETUP_MODULE
 
 
 def test_the_forecast_block_starts_without_the_rollout_entropy_block(tiny_model_dir, tmp_path):
@@ -111,8 +111,8 @@ def _config(**sections):
         "algorithm": {"adv_estimator": "grpo_valid"},
         "trainer": {"use_legacy_worker_impl": "auto"},
         "actor_rollout_ref": {
-            "model": {"external_lib": ACTOR_SETUP_MODULE},
-            "rollout": {"agent": {"agent_loop_manager_class": "treetune_verl.agent_loop.EntropyAgentLoopManager"}},
+            "model": {"external_lib": PROCESS_SETUP_MODULE},
+            "rollout": {"agent": {"agent_loop_manager_class": "treetune_verl.verl.EntropyAgentLoopManager"}},
         },
     }
     return OmegaConf.merge(OmegaConf.create(base), OmegaConf.create(sections))

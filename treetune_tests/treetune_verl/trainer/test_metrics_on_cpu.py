@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from treetune_verl.agent_loop import rollout_entropy_metrics
+from treetune_verl.trainer.metrics import agreement_is_defined
 
 
 def test_metrics_over_response_mask():
@@ -53,3 +55,17 @@ def test_managed_session_metrics_count_each_session_once():
         "managed/agent_reward/mean": 0.5,
     }
     assert managed_session_metrics([None, None]) == {}
+
+
+@pytest.mark.parametrize(
+    ("entropy", "temperature", "defined"),
+    [
+        ({"top_k": 0, "mode": "raw"}, 1.0, True),
+        ({"top_k": 0, "mode": "raw"}, 0.7, False),  # raw entropy is of softmax(z), the actor's of softmax(z / T)
+        ({"top_k": 0, "mode": "tempered"}, 0.7, True),
+        ({"top_k": 20, "mode": "tempered"}, 1.0, False),  # the actor's entropy is over the full vocabulary
+    ],
+)
+def test_agreement_is_defined_only_for_the_actors_distribution(entropy, temperature, defined):
+    rollout = OmegaConf.create({"temperature": temperature, "custom": {"entropy": entropy}})
+    assert agreement_is_defined(rollout) is defined

@@ -21,6 +21,6 @@ OVERRIDES: list[str] = []
 def start(config: Any) -> Any:
     """The servers and workers of a standalone rollout of ``config`` (verl's whole trainer config) on the running Ray
     cluster: an object with verl's ``generate_sequences(DataProto) -> DataProto``. Ray's shutdown ends them."""
-    from treetune_verl.agent_loop import EntropyAgentLoopManager
+    from treetune_verl.verl.v0_7_1.entropy_manager import EntropyAgentLoopManager
 
     return EntropyAgentLoopManager.create(config)

@@ -1,0 +1,279 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""Every treetune hook in verl 0.7.1's trainer process: one wrapper per seam, the features it runs in order.
+
+The manager (``verl/v0_7_1/entropy_manager.py``) is built inside the trainer's process before ``fit`` runs, so it
+installs these there (:func:`install`, through ``trainer_setup.py``, with the run's :class:`RunFeatures` read from the
+trainer's own config). Each seam is one attribute wrapped through ``treetune_verl.patching`` (idempotent, guarded by
+verl's version and the exact signature; ``ray_trainer.py`` of verl 0.7.1):
+
+==============================================  =================================================================
+seam                                            what runs after verl's own, in order
+==============================================  =================================================================
+``RayPPOTrainer._get_gen_batch`` (``:478``)     1. carry-over, *before* verl's own and in training batches only:
+                                                   carried groups and waiting prompts take their slots
+                                                   (``agent_loop/carry_over.py`` ``CarryOver.fill_slots``)
+``RayPPOTrainer._validate`` (``:502``)          0. marks its batches as validation (for the seam above)
+``RayPPOTrainer._save_checkpoint`` (``:854``)   1. carry-over, *before* verl's own: the carried groups and the
+                                                   backlog into ``global_step_<k>/treetune_carry_over.pt``
+``RayPPOTrainer._load_checkpoint`` (``:923``)   1. carry-over: restores them from the checkpoint verl loaded
+``RayPPOTrainer._compute_old_log_prob``         1. rollout entropy: ``rollout_entropy/actor_abs_diff/{mean,max}``
+                                                   against the actor's ``entropys`` (carried-over tokens left out) (popped by ``fit`` right after,
+                                                   ``ray_trainer.py:1404-1419``), when both describe one distribution
+``ray_trainer.extract_reward`` (``:1386``)      1. over-sampling: reward 0 for rows marked ``rollout_aborted``
+``ray_trainer.compute_advantage`` (``:1487``)   1. steering: entropy-shaped advantage, then the forking-token mask
+                                                   (``ppo/entropy_advantage.py``: one threshold for the whole batch)
+``ray_trainer.compute_data_metrics``            1. the metrics the seams above left in ``batch.meta_info``;
+(``:1578``)                                     2. over-sampling: ``rollout/aborted_ratio``, ``rollout/score/...``
+``RayPPOTrainer._val_metrics_update`` (end of   1. rollout entropy: ``val-aux/rollout_entropy/...`` of the
+``_validate``, ``:625``)                           validation rollouts the manager kept
+``ray_trainer.compute_timing_metrics``          1. every feature's seconds in our code this step
+(``:1589``, after the step)                        (``timing_s/treetune/*``, ``treetune/share_of_step``,
+                                                   ``treetune_verl/timing.py``)
+==============================================  =================================================================
+
+Each step above runs inside ``timing.SECONDS.timed(<its feature>)``: the agreement, validation and pending metrics
+count as ``trainer_hooks``, the reward and metrics of aborted rows as ``over_sampling``, the advantages as
+``steering``.
+
+Module-level functions (``extract_reward``, ``compute_advantage``, ``compute_data_metrics``,
+``compute_timing_metrics``) are wrapped where
+``fit`` looks them up: as globals of ``ray_trainer``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from contextvars import ContextVar
+from typing import Any
+
+import torch
+
+from treetune_verl.batch_keys import (
+    HAS_ROLLOUT_ENTROPY_KEY,
+    PENDING_METRICS_KEY,
+    ROLLOUT_ABORTED_KEY,
+    ROLLOUT_ENTROPY_KEY,
+    ROLLOUT_FAILED_KEY,
+    ROLLOUT_RESUMED_TOKENS_KEY,
+)
+from treetune_verl.patching import Wrap
+from treetune_verl.ppo.entropy_advantage import steer_advantages
+from treetune_verl.timing import OVER_SAMPLING, SECONDS, STEERING, TRAINER_HOOKS, step_metrics
+from treetune_verl.trainer.features import RunFeatures
+from treetune_verl.trainer.metrics import actor_agreement_metrics, agreement_is_defined, over_sample_metrics
+from treetune_verl.verl_guard import VERL
+
+__all__ = ["install"]
+
+ACTOR_ENTROPY_KEY = "entropys"  # verl's name for the actor's per-token entropy in _compute_old_log_prob's result
+
+# Signatures the wrappers repeat: verl 0.7.1 trainer/ppo/ray_trainer.py.
+_COMPUTE_OLD_LOG_PROB_PARAMS = ("self", "batch")
+_COMPUTE_DATA_METRICS_PARAMS = ("batch", "use_critic")
+_VAL_METRICS_UPDATE_PARAMS = ("self", "data_sources", "sample_uids", "reward_extra_infos_dict", "sample_turns")
+_EXTRACT_REWARD_PARAMS = ("batch",)
+_COMPUTE_ADVANTAGE_PARAMS = ("data", "adv_estimator", "gamma", "lam", "num_repeat", "norm_adv_by_std_in_grpo", "config")
+_COMPUTE_TIMING_METRICS_PARAMS = ("batch", "timing_raw")
+_GET_GEN_BATCH_PARAMS = ("self", "batch")
+_CHECKPOINT_PARAMS = ("self",)
+CARRY_OVER_STATE_FILE = "treetune_carry_over.pt"  # in verl's global_step_<k> folder, next to its data.pt
+_VALIDATE_PARAMS = ("self", "merged")
+
+_VALIDATING: ContextVar[bool] = ContextVar("treetune_validating", default=False)
+
+logger = logging.getLogger(__name__)
+
+# The run's features, from the trainer's config (install); a process trains one run.
+_FEATURES = RunFeatures()
+
+
+def _pending(batch: Any) -> dict[str, float]:
+    """The metrics a seam leaves for this step's ``compute_data_metrics``."""
+    return batch.meta_info.setdefault(PENDING_METRICS_KEY, {})
+
+
+def _wrap_compute_old_log_prob(original):
+    def _compute_old_log_prob(self, batch):
+        old_log_prob, mfu = original(self, batch)
+        # 1. rollout entropy: agreement with the actor's own entropy of the same tokens
+        with SECONDS.timed(TRAINER_HOOKS):
+            _agreement(self, batch, old_log_prob)
+        return old_log_prob, mfu
+
+    return _compute_old_log_prob
+
+
+def _agreement(trainer: Any, batch: Any, old_log_prob: Any) -> None:
+    """``rollout_entropy/actor_abs_diff/{mean,max}`` into the step's pending metrics, when defined."""
+    actor_entropy = old_log_prob.batch.get(ACTOR_ENTROPY_KEY, None)
+    rollout_entropy = batch.batch.get(ROLLOUT_ENTROPY_KEY, None)
+    if (
+        actor_entropy is not None
+        and rollout_entropy is not None
+        and agreement_is_defined(trainer.config.actor_rollout_ref.rollout)
+    ):
+        has_entropy = batch.batch.get(HAS_ROLLOUT_ENTROPY_KEY)
+        mask = batch.batch["response_mask"]
+        resumed = batch.batch.get(ROLLOUT_RESUMED_TOKENS_KEY, None)
+        if resumed is not None:  # carry-over: tokens sampled by earlier weights are not this actor's distribution
+            positions = torch.arange(mask.shape[-1], device=mask.device)
+            mask = mask * (positions.unsqueeze(0) >= resumed.unsqueeze(-1)).to(mask.dtype)
+        _pending(batch).update(actor_agreement_metrics(rollout_entropy, actor_entropy, mask, has_entropy))
+
+
+def _wrap_extract_reward(original):
+    def extract_reward(batch):
+        reward_tensor, reward_extra_infos = original(batch)
+        # 1. over-sampling: an aborted row's reward is 0 whoever computed it (a reward function may score an empty
+        # response, e.g. a format penalty)
+        with SECONDS.timed(OVER_SAMPLING):
+            aborted = batch.batch.get(ROLLOUT_ABORTED_KEY, None)
+            if aborted is not None and bool(aborted.any()):
+                reward_tensor = reward_tensor.masked_fill(aborted.bool().unsqueeze(-1), 0.0)
+        return reward_tensor, reward_extra_infos
+
+    return extract_reward
+
+
+def _wrap_compute_advantage(original):
+    def compute_advantage(
+        data, adv_estimator, gamma=1.0, lam=1.0, num_repeat=1, norm_adv_by_std_in_grpo=True, config=None
+    ):
+        data = original(data, adv_estimator, gamma, lam, num_repeat, norm_adv_by_std_in_grpo, config)
+        # 1. steering: advantages reshaped from rollout_entropy (no extra forward pass)
+        if _FEATURES.steering.active:
+            with SECONDS.timed(STEERING):
+                _pending(data).update(steer_advantages(data, _FEATURES.steering))
+        return data
+
+    return compute_advantage
+
+
+def _wrap_compute_data_metrics(original):
+    def compute_data_metrics(batch, use_critic=True):
+        metrics = original(batch, use_critic)
+        # 1. what the seams above (and the manager, for the rollout) left for this step
+        with SECONDS.timed(TRAINER_HOOKS):
+            metrics.update(batch.meta_info.pop(PENDING_METRICS_KEY, {}))
+        # 2. over-sampling
+        with SECONDS.timed(OVER_SAMPLING):
+            aborted = batch.batch.get(ROLLOUT_ABORTED_KEY, None)
+            if aborted is not None:
+                scores = batch.batch["token_level_scores"].sum(-1)
+                metrics.update(over_sample_metrics(aborted, scores, batch.batch.get(ROLLOUT_FAILED_KEY, None)))
+        return metrics
+
+    return compute_data_metrics
+
+
+def _wrap_compute_timing_metrics(original):
+    def compute_timing_metrics(batch, timing_raw):
+        metrics = original(batch, timing_raw)
+        # 1. every feature's seconds in our code since the last step's (timing.py)
+        metrics.update(step_metrics(SECONDS.take(), timing_raw.get("step")))
+        return metrics
+
+    return compute_timing_metrics
+
+
+def _wrap_get_gen_batch(original):
+    def _get_gen_batch(self, batch):
+        # 1. carry-over: the groups carried from the last step and the prompts they displaced take their slots
+        carry_over = getattr(self.async_rollout_manager, "carry_over", None)
+        if carry_over is not None and not _VALIDATING.get():
+            with SECONDS.timed(OVER_SAMPLING):
+                carry_over.fill_slots(batch, self.global_steps)
+        return original(self, batch)
+
+    return _get_gen_batch
+
+
+def _step_folder(trainer: Any, loading: bool = False) -> str:
+    """verl's checkpoint folder of the trainer's ``global_steps``: where ``_save_checkpoint`` writes, or the one
+    ``_load_checkpoint`` read (``trainer.resume_from_path`` in ``resume_mode=resume_path``)."""
+    config = trainer.config.trainer
+    if loading and config.resume_mode == "resume_path":
+        return os.path.abspath(config.resume_from_path)
+    return os.path.join(os.path.abspath(config.default_local_dir), f"global_step_{trainer.global_steps}")
+
+
+def _wrap_save_checkpoint(original):
+    def _save_checkpoint(self):
+        # 1. carry-over: its groups and backlog, written before verl marks the checkpoint as the latest
+        carry_over = getattr(self.async_rollout_manager, "carry_over", None)
+        if carry_over is not None:
+            with SECONDS.timed(OVER_SAMPLING):
+                folder = _step_folder(self)
+                os.makedirs(folder, exist_ok=True)
+                torch.save(carry_over.state_dict(), os.path.join(folder, CARRY_OVER_STATE_FILE))
+        return original(self)
+
+    return _save_checkpoint
+
+
+def _wrap_load_checkpoint(original):
+    def _load_checkpoint(self):
+        result = original(self)
+        # 1. carry-over: restored from the checkpoint verl just loaded (global_steps > 0), if it has one
+        carry_over = getattr(self.async_rollout_manager, "carry_over", None)
+        if carry_over is not None and self.global_steps > 0:
+            path = os.path.join(_step_folder(self, loading=True), CARRY_OVER_STATE_FILE)
+            if os.path.exists(path):
+                carry_over.load_state_dict(torch.load(path, weights_only=False))
+            else:
+                logger.warning("carry-over: %s not found (saved without carry-over?): nothing carried over", path)
+        return result
+
+    return _load_checkpoint
+
+
+def _wrap_validate(original):
+    def _validate(self, merged=False):
+        token = _VALIDATING.set(True)
+        try:
+            return original(self, merged)
+        finally:
+            _VALIDATING.reset(token)
+
+    return _validate
+
+
+def _wrap_val_metrics_update(original):
+    def _val_metrics_update(self, data_sources, sample_uids, reward_extra_infos_dict, sample_turns):
+        metrics = original(self, data_sources, sample_uids, reward_extra_infos_dict, sample_turns)
+        # 1. rollout entropy of the validation rollouts (verl's _validate drops the generation's meta_info["timing"])
+        take = getattr(self.async_rollout_manager, "take_validation_metrics", None)
+        if take is not None:
+            with SECONDS.timed(TRAINER_HOOKS):
+                metrics.update({f"val-aux/{key.removeprefix('agent_loop/')}": value for key, value in take().items()})
+        return metrics
+
+    return _val_metrics_update
+
+
+def install(features: RunFeatures) -> None:
+    """Install the seams in this process (idempotent) and run them with ``features`` (the latest call's).
+
+    Raises:
+        UnsupportedVerlError: another verl version, or a changed signature of a wrapped function.
+    """
+    global _FEATURES
+    from verl.trainer.ppo import ray_trainer
+
+    VERL.require("trainer hooks")
+    trainer = ray_trainer.RayPPOTrainer
+    VERL.wrap(
+        Wrap(trainer, "_get_gen_batch", _wrap_get_gen_batch, _GET_GEN_BATCH_PARAMS),
+        Wrap(trainer, "_validate", _wrap_validate, _VALIDATE_PARAMS),
+        Wrap(trainer, "_save_checkpoint", _wrap_save_checkpoint, _CHECKPOINT_PARAMS),
+        Wrap(trainer, "_load_checkpoint", _wrap_load_checkpoint, _CHECKPOINT_PARAMS),
+        Wrap(trainer, "_compute_old_log_prob", _wrap_compute_old_log_prob, _COMPUTE_OLD_LOG_PROB_PARAMS),
+        Wrap(ray_trainer, "extract_reward", _wrap_extract_reward, _EXTRACT_REWARD_PARAMS),
+        Wrap(ray_trainer, "compute_advantage", _wrap_compute_advantage, _COMPUTE_ADVANTAGE_PARAMS),
+        Wrap(ray_trainer, "compute_data_metrics", _wrap_compute_data_metrics, _COMPUTE_DATA_METRICS_PARAMS),
+        Wrap(trainer, "_val_metrics_update", _wrap_val_metrics_update, _VAL_METRICS_UPDATE_PARAMS),
+        Wrap(ray_trainer, "compute_timing_metrics", _wrap_compute_timing_metrics, _COMPUTE_TIMING_METRICS_PARAMS),
+    )
+    _FEATURES = features
