@@ -61,6 +61,8 @@ from treetune_tests.treetune_verl.over_sample_arms import (  # noqa: E402
 )
 from treetune_verl.agent_loop.carry_over import METRIC_PREFIX, CarryOver  # noqa: E402
 from treetune_verl.batch_keys import PENDING_METRICS_KEY, ROLLOUT_ABORTED_KEY  # noqa: E402
+from treetune_verl.trainer.features import RunFeatures  # noqa: E402
+from treetune_verl.verl.v0_7_1 import trainer_seams  # noqa: E402
 
 
 class DroppedTokens(CarryOver):
@@ -108,12 +110,14 @@ def main(argv: list[str] | None = None) -> int:
 
     with pytest.MonkeyPatch.context() as env, ray_session(env):
         manager = EntropyAgentLoopManager.create(config)
+        features = RunFeatures.from_config(config, rollout_entropy=True)
         trainer = SimpleNamespace(async_rollout_manager=manager, global_steps=0)
 
         def run(arm: str, stream: list[list[tuple[str, str]]]) -> dict:
             # bench only: one set of servers, workers and counter serves every arm
             manager._over_sample_rate = 0.0 if arm == "stock" else args.rate
             manager.carry_over = CarryOver(args.max_staleness) if arm == "carry" else DroppedTokens(1)
+            trainer_seams.install(features, manager.carry_over)  # the seams' buffer is the manager's, as trainer_setup
             seconds = trained = generated = discarded = 0.0
             for step, plans in enumerate(stream, start=1):
                 trainer.global_steps = step

@@ -27,7 +27,6 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopManager, _get_rollo
 from verl.protocol import DataProto
 from verl.utils.ray_utils import auto_await
 
-from treetune_verl.agent_loop.carry_over import CarryOver
 from treetune_verl.agent_loop.over_sample import CompletionCounter, group_sizes
 from treetune_verl.batch_keys import (
     CARRIED_ROW_KEY,
@@ -114,11 +113,12 @@ class EntropyAgentLoopManager(AgentLoopManager):
             )
         check_rollout_config(rollout_config)
         # This process is the trainer's (fit runs here): check the run's features and install the trainer's seams.
-        features = trainer_setup.install(config)
+        run = trainer_setup.install(config)
+        features = run.features
         self._over_sample_rate, self._abort_failed_rows = features.over_sample_rate, features.abort_failed_rows
         # Started before training (a Ray actor takes seconds to start): one per manager, a key per step.
         self._completion_counter: Any = CompletionCounter.remote() if features.aborts_rows else None
-        self.carry_over = CarryOver(features.max_staleness) if features.carry_over else None
+        self.carry_over = run.carry_over  # the trainer's seams hold the same buffer (trainer_setup)
         self.rollout_eval = RolloutEval(features.forecast, rollout_config) if features.forecast is not None else None
         if not hasattr(self, "rollout_replica_class"):
             # Imported here: it imports sglang, which only the processes that start servers need.

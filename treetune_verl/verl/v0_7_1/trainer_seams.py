@@ -50,6 +50,7 @@ from typing import Any
 
 import torch
 
+from treetune_verl.agent_loop.carry_over import CarryOver
 from treetune_verl.batch_keys import (
     HAS_ROLLOUT_ENTROPY_KEY,
     PENDING_METRICS_KEY,
@@ -85,8 +86,10 @@ _VALIDATING: ContextVar[bool] = ContextVar("treetune_validating", default=False)
 
 logger = logging.getLogger(__name__)
 
-# The run's features, from the trainer's config (install); a process trains one run.
+# The run's features, from the trainer's config, and carry-over's buffer (install: created by trainer_setup, which
+# hands the same buffer to the manager); a process trains one run.
 _FEATURES = RunFeatures()
+_CARRY_OVER: CarryOver | None = None
 
 
 def _pending(batch: Any) -> dict[str, float]:
@@ -181,7 +184,7 @@ def _wrap_compute_timing_metrics(original):
 def _wrap_get_gen_batch(original):
     def _get_gen_batch(self, batch):
         # 1. carry-over: the groups carried from the last step and the prompts they displaced take their slots
-        carry_over = getattr(self.async_rollout_manager, "carry_over", None)
+        carry_over = _CARRY_OVER
         if carry_over is not None and not _VALIDATING.get():
             with SECONDS.timed(OVER_SAMPLING):
                 carry_over.fill_slots(batch, self.global_steps)
@@ -202,7 +205,7 @@ def _step_folder(trainer: Any, loading: bool = False) -> str:
 def _wrap_save_checkpoint(original):
     def _save_checkpoint(self):
         # 1. carry-over: its groups and backlog, written before verl marks the checkpoint as the latest
-        carry_over = getattr(self.async_rollout_manager, "carry_over", None)
+        carry_over = _CARRY_OVER
         if carry_over is not None:
             with SECONDS.timed(OVER_SAMPLING):
                 folder = _step_folder(self)
@@ -217,7 +220,7 @@ def _wrap_load_checkpoint(original):
     def _load_checkpoint(self):
         result = original(self)
         # 1. carry-over: restored from the checkpoint verl just loaded (global_steps > 0), if it has one
-        carry_over = getattr(self.async_rollout_manager, "carry_over", None)
+        carry_over = _CARRY_OVER
         if carry_over is not None and self.global_steps > 0:
             path = os.path.join(_step_folder(self, loading=True), CARRY_OVER_STATE_FILE)
             if os.path.exists(path):
@@ -253,13 +256,14 @@ def _wrap_val_metrics_update(original):
     return _val_metrics_update
 
 
-def install(features: RunFeatures) -> None:
-    """Install the seams in this process (idempotent) and run them with ``features`` (the latest call's).
+def install(features: RunFeatures, carry_over: CarryOver | None = None) -> None:
+    """Install the seams in this process (idempotent) and run them with ``features`` and carry-over's buffer (the
+    latest call's; ``None`` without carry-over).
 
     Raises:
         UnsupportedVerlError: another verl version, or a changed signature of a wrapped function.
     """
-    global _FEATURES
+    global _FEATURES, _CARRY_OVER
     from verl.trainer.ppo import ray_trainer
 
     VERL.require("trainer hooks")
@@ -276,4 +280,4 @@ def install(features: RunFeatures) -> None:
         Wrap(trainer, "_val_metrics_update", _wrap_val_metrics_update, _VAL_METRICS_UPDATE_PARAMS),
         Wrap(ray_trainer, "compute_timing_metrics", _wrap_compute_timing_metrics, _COMPUTE_TIMING_METRICS_PARAMS),
     )
-    _FEATURES = features
+    _FEATURES, _CARRY_OVER = features, carry_over

@@ -15,6 +15,7 @@ import logging
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 import torch
 from omegaconf import OmegaConf
 from verl.protocol import DataProto
@@ -22,6 +23,7 @@ from verl.trainer.ppo import ray_trainer
 
 from treetune_verl.agent_loop.carry_over import CarriedRow, CarryOver
 from treetune_verl.patching import original_of
+from treetune_verl.trainer.features import RunFeatures
 from treetune_verl.verl.v0_7_1 import trainer_seams as seams
 
 
@@ -52,8 +54,8 @@ def _carrying(names: str = "ABCD", aborted: str = "D", step: int = 1) -> CarryOv
 
 
 def _trainer(carry: CarryOver | None, workdir=None, resume_mode: str = "auto", resume_from_path=None):
+    seams.install(RunFeatures(), carry)  # the buffer trainer_setup creates and hands to the seams and the manager
     trainer = object.__new__(ray_trainer.RayPPOTrainer)
-    trainer.async_rollout_manager = SimpleNamespace(carry_over=carry)
     trainer.global_steps = 0
     trainer.config = OmegaConf.create(
         {
@@ -77,20 +79,28 @@ def _trainer(carry: CarryOver | None, workdir=None, resume_mode: str = "auto", r
     return trainer
 
 
+@pytest.fixture(autouse=True)
+def _no_buffer_left_behind():
+    """The seams' buffer is the process's (one run per trainer process): later tests in this process start without."""
+    yield
+    seams.install(RunFeatures())
+
+
 GET_GEN_BATCH = seams._wrap_get_gen_batch(original_of(ray_trainer.RayPPOTrainer._get_gen_batch))
 SAVE = seams._wrap_save_checkpoint(original_of(ray_trainer.RayPPOTrainer._save_checkpoint))
 LOAD = seams._wrap_load_checkpoint(original_of(ray_trainer.RayPPOTrainer._load_checkpoint))
 
 
 def test_get_gen_batch_gives_carried_groups_their_slots_in_training_only():
-    trainer = _trainer(_carrying())
+    carry = _carrying()
+    trainer = _trainer(carry)
     trainer.global_steps = 2
     batch = _batch("EFGH")
     gen_batch = GET_GEN_BATCH(trainer, batch)
     # D first, with its own prompt; then E, F, G; H waits. verl's split as always: raw_prompt to the generation
     assert list(batch.non_tensor_batch["uid"]) == list("DEFG") == list(gen_batch.non_tensor_batch["uid"])
     assert [m[0]["content"] for m in gen_batch.non_tensor_batch["raw_prompt"]] == list("DEFG")
-    assert "raw_prompt" not in batch.non_tensor_batch and trainer.async_rollout_manager.carry_over.backlog == 1
+    assert "raw_prompt" not in batch.non_tensor_batch and carry.backlog == 1
 
     # inside verl's _validate (wrapped): the validation batch is left as it is
     carry = _carrying()
@@ -122,10 +132,10 @@ def test_a_resumed_run_gets_back_the_carried_groups_and_the_backlog(tmp_path, ca
     assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "2"
     assert trainer.actor_rollout_wg.calls == [("save", str(tmp_path / "global_step_2" / "actor"))]
 
-    resumed = _trainer(CarryOver(max_staleness=2), tmp_path)
+    restored = CarryOver(max_staleness=2)
+    resumed = _trainer(restored, tmp_path)
     LOAD(resumed)  # verl finds the latest checkpoint and sets global_steps; we restore the buffer from it
     assert resumed.global_steps == 2
-    restored = resumed.async_rollout_manager.carry_over
     assert restored.carried_groups == 1 and restored.carried("E")[0].response_ids == [4]
     assert restored.backlog == 1
     resumed.global_steps = 3
@@ -133,14 +143,14 @@ def test_a_resumed_run_gets_back_the_carried_groups_and_the_backlog(tmp_path, ca
     GET_GEN_BATCH(resumed, batch)
     assert list(batch.non_tensor_batch["uid"]) == list("EHIJ")  # E resumes, then the backlog's H, then the new ones
 
-    by_path = _trainer(
-        CarryOver(max_staleness=2), tmp_path / "elsewhere", "resume_path", str(tmp_path / "global_step_2")
-    )
+    by_path_carry = CarryOver(max_staleness=2)
+    by_path = _trainer(by_path_carry, tmp_path / "elsewhere", "resume_path", str(tmp_path / "global_step_2"))
     LOAD(by_path)
-    assert by_path.async_rollout_manager.carry_over.carried_groups == 1
+    assert by_path_carry.carried_groups == 1
 
     (tmp_path / "global_step_2" / seams.CARRY_OVER_STATE_FILE).unlink()  # a checkpoint saved without carry-over
-    fresh = _trainer(CarryOver(max_staleness=2), tmp_path)
+    fresh_carry = CarryOver(max_staleness=2)
+    fresh = _trainer(fresh_carry, tmp_path)
     with caplog.at_level(logging.WARNING, logger=seams.__name__):
         LOAD(fresh)
-    assert fresh.async_rollout_manager.carry_over.carried_groups == 0 and "not found" in caplog.text
+    assert fresh_carry.carried_groups == 0 and "not found" in caplog.text
