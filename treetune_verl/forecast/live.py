@@ -92,6 +92,7 @@ T = TypeVar("T")
 PREFIX = "probe/"
 TOKEN_PREFIX = "probe/token/"  # E's token entropy: the calibrated forecast (token_entropy.py)
 STATE_ATTR = "_treetune_entropy_forecast"  # on verl's actor worker: its ForecastState across updates
+SETTINGS_ATTR = "_treetune_forecast_settings"  # the forecast's settings, read at the worker's first update
 PROBE_TIMING = "timing_s/probe"  # the forecast's seconds, beside verl's timing_s/*
 
 
@@ -176,9 +177,14 @@ class ForecastState:
 
 
 def counted_call(worker: Any) -> tuple[ForecastSettings, ForecastState] | None:
-    """For one ``update_actor`` call of verl's actor ``worker``: the forecast's settings (its ``config.rollout``) and
-    its state across updates (kept on the worker, this call counted); None when the forecast is off."""
-    settings = forecast_settings(worker.config.rollout)
+    """For one ``update_actor`` call of verl's actor ``worker``: the forecast's settings and its state across updates
+    (kept on the worker, this call counted); None when the forecast is off.
+
+    The settings are read from the worker's ``config.rollout`` at its first call and kept (the trainer's process
+    checked the same section at start-up, before any worker existed; an actor runs one run's config)."""
+    if SETTINGS_ATTR not in vars(worker):
+        vars(worker)[SETTINGS_ATTR] = forecast_settings(worker.config.rollout)
+    settings = vars(worker)[SETTINGS_ATTR]
     if settings is None:
         return None
     state = vars(worker).setdefault(STATE_ATTR, ForecastState())
