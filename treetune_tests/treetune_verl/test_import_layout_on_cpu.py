@@ -35,6 +35,7 @@ LAYERS = [
     "treetune_verl.rollout",
     "treetune_verl.ppo",
     "treetune_verl.forecast",  # the live entropy forecast: the probe inside verl's actor worker
+    "treetune_verl.control",  # entropy control from the forecast: the decision of one update
     "treetune_verl.trainer",  # every hook in verl's trainer and actor processes: one seam per upstream hook
     "treetune_verl.agent_loop",
     "treetune_verl.verl",  # what differs between verl versions: one folder per version, picked through one table

@@ -1,0 +1,165 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""The entropy controller's rule on a tiny policy whose responses are enumerated: every reference computed here.
+
+The policy: two tokens from a vocabulary of 3, ``π(y1) = softmax(w1)``, ``π(y2 | y1) = softmax(w2[y1])`` (12
+parameters, float64). Its token entropy ``H(θ) = (H(π(·)) + Σ π(y1) H(π(· | y1))) / 2`` (nats per token) and its
+expected reward ``J(θ)`` are sums over the 9 responses. The steps are an optimizer's for each gradient: SGD, or a fixed
+diagonal preconditioner (Adam's ``1 / (√v + ε)`` frozen for one step). ``a = ⟨∇H, Δθ_J⟩`` and ``b = ⟨∇H, Δθ_H⟩`` come
+from ``torch.func.jvp`` of the enumerated entropy, the exact change from evaluating it after the step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.func import grad, jvp
+
+from treetune_verl.control.rule import Band, choose_coefficient
+
+V = 3
+REWARD = torch.tensor([[0.0, 0.2, 1.0], [0.0, 0.0, 1.0], [0.1, 0.0, 1.0]], dtype=torch.float64)  # r(y1, y2)
+
+
+def _split(theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return theta[:V], theta[V:].reshape(V, V)
+
+
+def _entropy(logits: torch.Tensor) -> torch.Tensor:
+    log_p = torch.log_softmax(logits, dim=-1)
+    return -(log_p.exp() * log_p).sum(-1)
+
+
+def token_entropy(theta: torch.Tensor) -> torch.Tensor:
+    """E[Σ_t H_t] / 2 over the enumerated responses (both have 2 tokens)."""
+    w1, w2 = _split(theta)
+    p1 = torch.softmax(w1, dim=-1)
+    return (_entropy(w1) + (p1 * _entropy(w2)).sum()) / 2
+
+
+def expected_reward(theta: torch.Tensor) -> torch.Tensor:
+    w1, w2 = _split(theta)
+    joint = torch.softmax(w1, dim=-1)[:, None] * torch.softmax(w2, dim=-1)  # π(y1, y2)
+    return (joint * REWARD).sum()
+
+
+THETA = torch.tensor([0.3, -0.2, 0.1, 0.5, 0.0, 0.2, -0.1, 0.3, 0.4, 0.2, 0.1, 0.6], dtype=torch.float64)
+
+
+def _steps(theta: torch.Tensor, lr: float, preconditioner: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The optimizer's step for the reward's gradient (ascent) and for the entropy's."""
+    return lr * preconditioner * grad(expected_reward)(theta), lr * preconditioner * grad(token_entropy)(theta)
+
+
+def _directional(theta: torch.Tensor, direction: torch.Tensor) -> float:
+    return jvp(token_entropy, (theta,), (direction,))[1].item()
+
+
+PRECONDITIONERS = {
+    "sgd": torch.ones(V + V * V, dtype=torch.float64),
+    "adam_frozen": torch.linspace(0.5, 3.0, V + V * V, dtype=torch.float64),  # a diagonal, positive, uneven
+}
+
+
+@pytest.mark.parametrize("optimizer", sorted(PRECONDITIONERS))
+def test_the_chosen_coefficient_puts_the_first_order_change_at_the_bands_centre(optimizer):
+    lr = 0.05
+    step_j, step_h = _steps(THETA, lr, PRECONDITIONERS[optimizer])
+    h = token_entropy(THETA).item()
+    a, b = _directional(THETA, step_j), _directional(THETA, step_h)
+    assert a < 0 < b  # the reward's step lowers the entropy here; the entropy's own step raises it
+    band = Band(target=h, width=-a)  # hold the entropy where it is; the plain step would leave the band
+    assert h + a < band.low
+
+    decision = choose_coefficient(h, a, 0.0, b, 0.0, band, max_coefficient=100.0)
+
+    c = decision.coefficient
+    assert not decision.fallback and c > 0
+    # the first-order change of the combined step, by jvp along it (not a + c b): exactly at the centre
+    first_order = _directional(THETA, step_j + c * step_h)
+    assert first_order == pytest.approx(band.target - h, abs=1e-12)
+    assert decision.predicted_after == pytest.approx(band.target, abs=1e-12)
+    # the exact entropy after each step: the plain one leaves the band, the controlled one stays in it, within the
+    # second-order remainder of the step
+    plain = token_entropy(THETA + step_j).item()
+    controlled = token_entropy(THETA + step_j + c * step_h).item()
+    assert plain < band.low
+    assert band.low <= controlled <= band.high
+    assert abs(controlled - band.target) < 0.1 * abs(a)
+
+
+def test_second_order_stays_small_as_the_step_shrinks():
+    """The rule is first order: its miss of the centre falls as lr² (halving lr quarters it, within 10 %)."""
+    misses = []
+    for lr in (0.04, 0.02, 0.01):
+        step_j, step_h = _steps(THETA, lr, PRECONDITIONERS["sgd"])
+        h = token_entropy(THETA).item()
+        a, b = _directional(THETA, step_j), _directional(THETA, step_h)
+        decision = choose_coefficient(h, a, 0.0, b, 0.0, Band(h, -a), max_coefficient=1e3)
+        misses.append(abs(token_entropy(THETA + step_j + decision.coefficient * step_h).item() - h))
+    assert misses[0] / misses[1] == pytest.approx(4.0, rel=0.1)
+    assert misses[1] / misses[2] == pytest.approx(4.0, rel=0.1)
+
+
+def test_an_uncertain_sensitivity_under_steers():
+    h, a, b = 1.0, -0.2, 0.1
+    band = Band(1.0, 0.2)
+    exact = choose_coefficient(h, a, 0.0, b, 0.0, band, max_coefficient=10.0)
+    noisy = choose_coefficient(h, a, 0.0, b, 0.02, band, max_coefficient=10.0)
+    assert exact.coefficient == pytest.approx(2.0)  # (1.0 - 0.8) / 0.1
+    assert noisy.coefficient == pytest.approx(0.2 / (0.1 + 2 * 0.02))
+    assert h + a < noisy.predicted_after < band.target  # short of the centre, never past it
+
+
+def test_falls_back_to_the_previous_coefficient_when_the_forecast_cannot_tell():
+    band = Band(1.0, 0.2)
+    unresolved_sign = choose_coefficient(1.0, -0.2, 0.0, 0.01, 0.01, band, max_coefficient=10.0, previous=0.7)
+    assert unresolved_sign.fallback and unresolved_sign.coefficient == 0.7
+    wide = choose_coefficient(1.0, -0.2, 0.06, 0.1, 0.0, band, max_coefficient=10.0, previous=0.7)  # 2·0.06 > 0.1
+    assert wide.fallback and wide.coefficient == 0.7
+    # never above the bound, even when held
+    assert choose_coefficient(1.0, -0.2, 0.06, 0.1, 0.0, band, max_coefficient=0.5, previous=0.7).coefficient == 0.5
+    # a sensitivity of the wrong sign (noise) never gives a negative or huge coefficient
+    wrong_sign = choose_coefficient(1.0, -0.2, 0.0, -0.05, 0.01, band, max_coefficient=10.0, previous=0.0)
+    assert wrong_sign.fallback and wrong_sign.coefficient == 0.0
+
+
+def test_no_control_at_or_above_the_band_and_the_bound_holds():
+    band = Band(1.0, 0.2)
+    above = choose_coefficient(1.5, -0.1, 0.0, 0.1, 0.0, band, max_coefficient=10.0, previous=3.0)
+    assert above.coefficient == 0.0 and not above.fallback and above.predicted_after == pytest.approx(1.4)
+    capped = choose_coefficient(1.0, -0.5, 0.0, 0.01, 0.0, band, max_coefficient=2.0)
+    assert capped.coefficient == 2.0 and capped.predicted_after == pytest.approx(0.52)
+    metrics = capped.metrics(band)
+    assert metrics["control/coefficient"] == 2.0 and metrics["control/band_low"] == pytest.approx(0.9)
+    assert set(metrics) == {
+        "control/target",
+        "control/band_low",
+        "control/band_high",
+        "control/predicted_before",
+        "control/predicted_after",
+        "control/coefficient",
+        "control/fallback",
+    }
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"a": math.nan}, "a must be finite"),
+        ({"b_se": -0.1}, "must be >= 0"),
+        ({"max_coefficient": -1.0}, "must be >= 0"),
+    ],
+)
+def test_bad_input_is_refused_by_name(kwargs, message):
+    args = {"h": 1.0, "a": -0.2, "a_se": 0.0, "b": 0.1, "b_se": 0.0, "band": Band(1.0, 0.2), "max_coefficient": 1.0}
+    with pytest.raises(ValueError, match=message):
+        choose_coefficient(**{**args, **kwargs})
+
+
+@pytest.mark.parametrize(("target", "width"), [(0.0, 0.1), (1.0, 0.0), (1.0, 2.5), (math.inf, 0.1)])
+def test_a_band_outside_the_entropys_range_is_refused(target, width):
+    with pytest.raises(ValueError, match="band"):
+        Band(target, width)

@@ -1,0 +1,10 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""Entropy control from the forecast (issue 46): before an actor update, how much of the entropy's own step to mix
+into it so that the predicted entropy after it stays in a band.
+
+- ``rule``: the decision of one update from the forecast's figures (:func:`rule.choose_coefficient`), with its
+  fallback when the forecast cannot tell.
+
+Spec: ``treetune_specs/2026-11-28-entropy-controller.md``. Importing this package imports nothing of verl or sglang.
+"""

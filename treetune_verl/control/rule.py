@@ -1,0 +1,117 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""One update's entropy-control decision from the forecast: the coefficient of the entropy's step to mix into it.
+
+The update the controller shapes is ``Δθ(c) = Δθ_J + c · Δθ_H``: the policy-gradient step ``Δθ_J`` and the step the
+same optimizer takes for the entropy's gradient ``Δθ_H`` (same preconditioner; verl's ``actor.entropy_coeff`` is
+this ``c``). The forecast predicts, at E's states, in nats per token:
+
+- ``a`` ± ``a_se``: the change of the entropy along the plain step, ``⟨∇H, Δθ_J⟩`` (or the softmax-exact predictor);
+- ``b`` ± ``b_se``: the change per unit coefficient, ``⟨∇H, Δθ_H⟩``; ≥ 0 to first order when the entropy at E's
+  states and the entropy the step ascends are one objective and the preconditioner is positive definite, but
+  estimated from E's responses, so its sign is only known when ``b > z · b_se``.
+
+To first order the entropy after the update is ``H + a + c · b``. The rule (:func:`choose_coefficient`):
+
+1. ``H + a`` at or above the band's lower edge: ``c = 0`` (the controller only ever adds entropy; above the band the
+   policy gradient brings it down, below it the entropy step brings it back);
+2. below it: ``c = (aim − H − a) / (b + z · b_se)``, clipped to ``[0, max_coefficient]``, with ``aim`` the band's
+   centre. The upper confidence bound of the sensitivity in the denominator shrinks ``c`` when ``b`` is uncertain:
+   an error of the estimate under-steers, never overshoots by more than first order predicts;
+3. fallback, when the forecast cannot tell: the sensitivity's sign is unresolved (``b ≤ z · b_se``) or the
+   prediction's error bar is wider than the band (``z · a_se > width / 2``): ``c`` stays at the previous update's
+   (never raised on noise, never dropped while a collapse is being held), ``fallback = True``.
+
+Shapes: scalars (one update, E pooled). Units: nats per token for ``H``, ``a``, ``b`` (per unit coefficient), the band.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Band:
+    """The target band of E's token entropy, nats per token: ``[target − width / 2, target + width / 2]``."""
+
+    target: float
+    width: float
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.target) and self.target > 0):
+            raise ValueError(f"the band's target must be a positive entropy in nats, got {self.target!r}")
+        if not (math.isfinite(self.width) and 0 < self.width <= 2 * self.target):
+            raise ValueError(f"the band's width must be in (0, 2 * target = {2 * self.target}] nats, got {self.width!r}")
+
+    @property
+    def low(self) -> float:
+        return self.target - self.width / 2
+
+    @property
+    def high(self) -> float:
+        return self.target + self.width / 2
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One update's decision and what it predicts (the ``control/*`` metrics)."""
+
+    coefficient: float  # c: the entropy step's share in this update
+    predicted_before: float  # H + a: E's token entropy after the plain step (nats per token)
+    predicted_after: float  # H + a + c · b: after the controlled step
+    fallback: bool  # the forecast could not tell; c is the previous update's
+
+    def metrics(self, band: Band) -> dict[str, float]:
+        return {
+            "control/target": band.target,
+            "control/band_low": band.low,
+            "control/band_high": band.high,
+            "control/predicted_before": self.predicted_before,
+            "control/predicted_after": self.predicted_after,
+            "control/coefficient": self.coefficient,
+            "control/fallback": float(self.fallback),
+        }
+
+
+def choose_coefficient(
+    h: float,
+    a: float,
+    a_se: float,
+    b: float,
+    b_se: float,
+    band: Band,
+    max_coefficient: float,
+    previous: float = 0.0,
+    z: float = 2.0,
+) -> Decision:
+    """The coefficient of the entropy step for one update (module docstring: the rule and its fallback).
+
+    Args:
+        h: E's token entropy at θ (nats per token).
+        a, a_se: predicted change along the plain step and its standard error.
+        b, b_se: predicted change per unit coefficient of the entropy step and its standard error.
+        band: the target band.
+        max_coefficient: the largest coefficient the rule may choose (≥ 0).
+        previous: the previous update's coefficient (the fallback's value, clipped to ``max_coefficient``).
+        z: standard errors that make a sign or a width resolved.
+
+    Raises:
+        ValueError: a non-finite input, a negative standard error, coefficient bound or ``z``.
+    """
+    for name, value in {"h": h, "a": a, "a_se": a_se, "b": b, "b_se": b_se}.items():
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be finite, got {value!r} (a missing forecast is not a zero change)")
+    if a_se < 0 or b_se < 0 or z < 0 or max_coefficient < 0 or previous < 0:
+        raise ValueError(
+            f"standard errors, z, max_coefficient and previous must be >= 0: a_se={a_se}, b_se={b_se}, z={z}, "
+            f"max_coefficient={max_coefficient}, previous={previous}"
+        )
+    before = h + a
+    if before >= band.low:
+        return Decision(0.0, before, before, fallback=False)
+    if b <= z * b_se or z * a_se > band.width / 2:
+        held = min(previous, max_coefficient)
+        return Decision(held, before, before + held * b, fallback=True)
+    coefficient = min(max((band.target - before) / (b + z * b_se), 0.0), max_coefficient)
+    return Decision(coefficient, before, before + coefficient * b, fallback=False)
