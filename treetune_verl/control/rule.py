@@ -42,7 +42,9 @@ class Band:
         if not (math.isfinite(self.target) and self.target > 0):
             raise ValueError(f"the band's target must be a positive entropy in nats, got {self.target!r}")
         if not (math.isfinite(self.width) and 0 < self.width <= 2 * self.target):
-            raise ValueError(f"the band's width must be in (0, 2 * target = {2 * self.target}] nats, got {self.width!r}")
+            raise ValueError(
+                f"the band's width must be in (0, 2 * target = {2 * self.target}] nats, got {self.width!r}"
+            )
 
     @property
     def low(self) -> float:
