@@ -155,7 +155,13 @@ e2e-multi-node: setup
 study: setup
 	$(PY) treetune_tests/e2e/forecast_study.py $(ARGS)
 
+## pre-commit reads tracked files only: a new module not yet `git add`ed would pass unchecked, so lint refuses it.
 lint: setup
+	@untracked="$$(git ls-files --others --exclude-standard -- '*.py' 2>/dev/null)"; \
+	if [ -n "$$untracked" ]; then \
+		echo "make lint: untracked Python files, which pre-commit does not read (git add them first):"; \
+		echo "$$untracked"; exit 1; \
+	fi
 	$(VENV)/bin/pre-commit run --all-files --show-diff-on-failure
 
 bench: setup
