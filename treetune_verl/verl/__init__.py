@@ -6,10 +6,22 @@ through one table (:data:`ADAPTERS`), as ``treetune_verl/sglang/`` does for sgla
 Each version's folder has the same modules, with the same names and functions; code above it asks for one by name
 (:func:`adapter`), never for a version. Dropping a verl version is deleting its folder and its row.
 
-Today the folders hold the generation job's rollout (``generation_rollout``: verl's agent-loop manager in standalone
-mode with the entropy worker, for ``backend=verl``). The other modules only one verl needs (``agent_loop/*_tq.py``,
-``verl/v0_9_1/``, the pinned-only agent-loop modules and seams) move here next (issue 47;
-``treetune_specs/2026-11-28-house-settings-and-stacks.md``).
+Both folders have:
+
+- ``process_setup``: what the entry point :mod:`treetune_verl.verl.process_setup` (verl's ``external_lib``) installs
+  in verl's processes;
+- ``entropy_manager`` (``EntropyAgentLoopManager``, the block's ``agent_loop_manager_class``), ``worker`` (every
+  worker-side feature in one agent-loop worker), ``entropy_tool_agent_loop`` (``EntropyToolAgentLoop``),
+  ``over_sample_worker``, ``session_rows_worker``, ``forecast_eval_worker``;
+- ``trainer_seams`` and ``actor_seams``: every hook in verl's trainer and actor processes;
+- ``generation_rollout``: the generation job's rollout (``backend=verl``).
+
+verl 0.7.1 has ``trainer_setup`` (the manager installs the trainer's seams), ``session_server_manager`` and
+``carry_over_worker``; verl 0.9.1 (its V1 trainer on TransferQueue) has ``entropy_rows``, ``over_sample_sampler``,
+``resuming_client``, ``rollout_eval`` (E through TransferQueue) and ``engine_forecast``. The names users write in
+their configs are this package's (:data:`PUBLIC`): ``treetune_verl.verl.EntropyAgentLoopManager``,
+``treetune_verl.verl.EntropyToolAgentLoop``, ``treetune_verl.verl.process_setup``. Layout:
+``treetune_specs/2026-11-28-house-settings-and-stacks.md``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 """verl 0.9.1: the live forecast's E, sampled by the V1 agent-loop worker while the step's rollout runs.
 
 The same E as verl 0.7.1's ``forecast_eval_worker.py`` (``forecast/rollout_eval.py``), on the V1 worker, which runs a
-prompt's ``n`` sessions in ``_run_prompt`` (``agent_loop.py:107``) and puts each session's row into TransferQueue
+prompt's ``n`` sessions in ``_run_prompt`` (``agent_loop_tq.py:107``) and puts each session's row into TransferQueue
 in ``_agent_loop_postprocess``; the uid's status becomes ``finished`` once every session has put its row:
 
 - the manager marks E's uids with an ``EvalPlan`` (``FORECAST_EVAL_PLAN_KEY``, a column of the prompts);

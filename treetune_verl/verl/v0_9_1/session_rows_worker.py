@@ -5,7 +5,7 @@
 The same contract as verl 0.7.1's ``session_rows_worker.py``: with ``rollout.custom.managed.rows_per_session = k``
 a prompt's ``n`` rows (its GRPO group, ``rollout.n`` or the prompt's ``__rollout_n__``) are ``n / k`` managed
 sessions of k rows each, every row with its own reward. On verl 0.9.1 a prompt's sessions run in one worker
-(``AgentLoopWorkerTQ._run_prompt``, ``agent_loop.py:107``), so here:
+(``AgentLoopWorkerTQ._run_prompt``, ``agent_loop_tq.py:107``), so here:
 
 - ``_run_prompt`` starts ``n / k`` sessions of a managed training prompt instead of ``n`` (verl's own per-prompt
   ``__rollout_n__``);
@@ -37,7 +37,7 @@ from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
-ROLLOUT_N_KEY = "__rollout_n__"  # verl's per-prompt row count (agent_loop.py:115)
+ROLLOUT_N_KEY = "__rollout_n__"  # verl's per-prompt row count (agent_loop_tq.py:115)
 
 
 class SessionRowsWorkerTQ(AgentLoopWorkerTQ.__ray_actor_class__):

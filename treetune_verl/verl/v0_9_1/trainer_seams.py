@@ -88,7 +88,7 @@ __all__ = ["install"]
 
 ACTOR_ENTROPY_KEY = "entropy"  # the V1 trainer's name for the actor's per-token entropy (trainer_base.py:1669)
 PADDING_TAG = "is_padding"  # rows verl adds to fill the batch (verl/trainer/ppo/padding_utils.py)
-RESPONSE_LEN_TAG = "response_len"  # a row's response tokens, tagged by verl's worker (agent_loop.py)
+RESPONSE_LEN_TAG = "response_len"  # a row's response tokens, tagged by verl's worker (agent_loop_tq.py)
 TRAINING_PREFIX = "timing_s/"  # the pinned stack's names (module docstring)
 VALIDATION_PREFIX = "val-aux/"
 ACTOR_PREFIX = "actor/"  # what verl's _update_actor puts before every actor metric (trainer_base.py rename_dict)
