@@ -46,8 +46,12 @@ LAYERS = [
 ]
 # Stand-alone sub-packages: import nothing of the layers above (and the layers never import them).
 STANDALONE = ["treetune_verl.probe"]
-# The one exception: a layer that may import a stand-alone sub-package (the forecast runs the probe in verl's actor).
-STANDALONE_USERS = {"treetune_verl.forecast": {"treetune_verl.probe"}}
+# The exceptions: layers that may import a stand-alone sub-package (the forecast and the controller run the probe's
+# teacher forcing in verl's actor).
+STANDALONE_USERS = {
+    "treetune_verl.forecast": {"treetune_verl.probe"},
+    "treetune_verl.control": {"treetune_verl.probe"},  # the controller's own forwards and backward on E
+}
 # Shared leaves anyone may import; they import nothing of ours.
 LEAVES = {
     "treetune_verl",

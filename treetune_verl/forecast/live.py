@@ -146,6 +146,9 @@ class ForecastState:
     calls: int = 0  # update_actor calls seen (the update_actor seam's every-k count)
     last_eval: dict[str, torch.Tensor] | None = None  # this rank's E of the last forecast (a probe batch)
     early_warning: EarlyWarning | None = None  # the projection and warnings across forecasts
+    # entropy control (``control/controller.py``), set by the actor seams when ``custom.entropy_control`` is on: called
+    # at the first optimizer step (``after_verl_step``, ``decide_and_apply``), ``moved`` when it changed the weights
+    controller: Any = None
 
     def due(self, every: int, marked: bool, rollout_eval: Any) -> bool:
         """Whether this update is forecast: the rollout's say when it marked the batch (``marked``: ``rollout_eval``
@@ -349,6 +352,12 @@ class ForecastRun:
         model = actor.module
         _check_model(model)
         self._by_backward = use_backward(settings.method, model)
+        self._control = state.controller
+        if self._control is not None and self._by_backward:
+            raise ValueError(
+                "entropy control measures its step by central differences: it needs the forecast's float32 forwards "
+                f"(entropy_forecast.method auto with a float32 actor, or central_difference; got {settings.method!r})"
+            )
         self._comps = state.components_for(model, actor.optimizer, settings, inputs.temperature)
         self._first = next(iter(self._comps.values()))
         self._sample_s = 0.0  # sampling E here (none when the rollout sampled it)
@@ -441,6 +450,8 @@ class ForecastRun:
         first, E, mb = self._first, self._E, self._mb_prompts
         weights = WeightsAroundStep(first)  # a copy of θ, this rank's shards
         grad_norm = verl_step()
+        if self._control is not None:
+            self._control.after_verl_step(self._actor.optimizer)  # while .grad holds the step's gradient
         central = not self._by_backward  # the central difference's forwards also give the forecast exact in the softmax
         plus = token_values(first, E, mb, keep_log_probs=central)  # at θ′ = θ + Δθ
         try:
@@ -479,6 +490,9 @@ class ForecastRun:
             self._token = _token_stats_by_index(at_theta, plus, dots.pop(PATHWISE))
         else:
             self._token = TokenEntropyStats.per_response(at_theta, plus, minus, softmax_change)
+        if self._control is not None:  # θ′ restored: the controller's step goes on top of verl's
+            step_norm = self._metrics[PREFIX + "step_norm"]
+            self._metrics.update(self._control.decide_and_apply(first, E, mb, self._token, step_norm, _sum_over_ranks))
         for estimator, per_prompt in dots.items():
             # by backward: this rank's shard sums, whose sum over ranks is per prompt index the mean over ranks
             if self._by_backward:
@@ -522,11 +536,15 @@ class ForecastRun:
         self._ess_min = _min_over_ranks(importance_weighted_entropies(*before, *self._stats["first_step"])[2].min())
         change, change_se = first_step, first_step_se  # one optimizer step: the whole update is the first step
         token_after = None  # per unit, E's summed token entropy change after the whole update
-        if self._steps > 1:
+        if self._steps > 1 or (self._control is not None and self._control.moved):
+            # the whole update moved past θ′: more optimizer steps, or the controller's step on top of verl's
             after_values = token_values(self._first, self._E, self._mb_prompts)
             after = sequence_sums(after_values)
             change, change_se, _ = realised_change(before, after, budget)
             token_after = self._token_change(after_values)
+            if self._control is not None:
+                metrics_control = self._control.realised(response_sums(after_values), _sum_over_ranks)
+                self._metrics.update(metrics_control)
             if self._record is not None:
                 self._record["after"] = values(after_values)
         probe_s = self._probe_s + self._setup_s + time.perf_counter() - start

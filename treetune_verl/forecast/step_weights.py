@@ -9,6 +9,7 @@ write (``sharding.reshard``), so the next forward sees the new values. Sequence 
     verl's optimizer step                     # parameters: θ′
     weights.swap()                            # parameters: θ, the copy: θ′; returns ‖Δθ‖² of this rank's shards
     weights.minus_step()                      # parameters: θ − Δθ = 2θ − θ′ (one rounding)
+    weights.displace(d, ε)                    # (entropy control) parameters: θ′ + ε d
     weights.restore()                         # parameters: θ′, bit for bit as the step left them
 
 One copy of the shards (float32 for a float32 model) is held from construction to ``restore``; ``swap`` needs one
@@ -73,6 +74,21 @@ class WeightsAroundStep:
         reshard(self.model)
         for name, shard in self._shards():
             shard.lerp_(self.saved[name], -1.0)  # θ + (−1)(θ′ − θ), in one pass
+
+    @torch.no_grad()
+    def displace(self, direction: dict[str, torch.Tensor], scale: float) -> None:
+        """Parameters -> the copy + ``scale`` · d: θ′ + ``scale`` · d when the copy holds θ′ (after ``swap``, or a
+        ``WeightsAroundStep`` made at θ′, as the entropy controller makes one: ``control/sensitivity.py``).
+        ``direction``: d per parameter name, like its local shard (any float dtype; a name without one is set to the
+        copy). ``restore`` brings back the copy exactly."""
+        if not self.saved:
+            raise RuntimeError("WeightsAroundStep.displace after restore()")
+        reshard(self.model)
+        for name, shard in self._shards():
+            shard.copy_(self.saved[name])
+            if name in direction:
+                shard.add_(direction[name].to(shard.dtype), alpha=scale)
+            self.swapped.add(name)
 
     @torch.no_grad()
     def restore(self) -> None:

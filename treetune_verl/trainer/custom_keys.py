@@ -20,6 +20,7 @@ from dataclasses import fields
 from typing import Any
 
 from treetune_verl.config.keys import check_known_keys, closest, plain
+from treetune_verl.control.settings import KEYS as CONTROL_KEYS
 from treetune_verl.forecast.early_warning import WarningSettings
 from treetune_verl.forecast.settings import KEYS as FORECAST_KEYS
 from treetune_verl.ppo.entropy_advantage import SHAPING_KEYS, STEERING_KEYS
@@ -34,6 +35,7 @@ from treetune_verl.rollout.rollout_config import (
 
 CUSTOM_PATH = f"{CONFIG_PATH}.custom"
 FORECAST_SECTION = "entropy_forecast"
+CONTROL_SECTION = "entropy_control"
 OVER_SAMPLE_SECTION = "over_sample"
 # read in trainer/features.py, whose full paths are built from this list, in this order
 OVER_SAMPLE_KEYS = ("abort_failed_rows", "carry_over", "max_staleness")
@@ -52,6 +54,7 @@ SECTIONS: Tree = {
         **dict.fromkeys(FORECAST_KEYS),
         "early_warning": dict.fromkeys(field.name for field in fields(WarningSettings)),
     },
+    CONTROL_SECTION: dict.fromkeys(CONTROL_KEYS),
 }
 # How like one of ours a section name of ``custom`` must be to count as its misspelling (difflib's ratio): higher
 # than for keys inside our sections, since ``custom`` is shared with other plugins (``entropy_forcast`` 0.97).

@@ -32,6 +32,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from treetune_verl.control.settings import ControlSettings, control_settings
 from treetune_verl.forecast.settings import SECTION as FORECAST_SECTION
 from treetune_verl.forecast.settings import ForecastSettings, forecast_settings
 from treetune_verl.ppo.advantage import (
@@ -128,6 +129,7 @@ class RunFeatures:
     steering: EntropySteering = EntropySteering()
     forecast: ForecastSettings | None = None
     rows_per_session: int = 1
+    control: ControlSettings | None = None
 
     @classmethod
     def from_config(cls, config: Any, rollout_entropy: bool | None = None) -> RunFeatures:
@@ -153,6 +155,7 @@ class RunFeatures:
             steering=entropy_steering(rollout),
             forecast=forecast_settings(rollout),
             rows_per_session=rows_per_session(rollout),
+            control=control_settings(rollout),  # refuses the section without the forecast's
         )
 
     @property
@@ -168,6 +171,7 @@ class RunFeatures:
             "over_sampling": self.aborts_rows,
             "steering": self.steering.active,
             "forecast": self.forecast is not None,
+            "control": self.control is not None,
         }
         return [name for name, on in named.items() if on]
 

@@ -34,7 +34,12 @@ def every_feature(tiny_model_dir, tmp_path_factory) -> list[str]:
     lines = _command_line(
         ("over_sampling", "forecast", "forking_tokens"), tiny_model_dir, tmp_path_factory.mktemp("e2e")
     )
-    sections = [f"+{CUSTOM}.managed.rows_per_session=1", f"+{CUSTOM}.over_sample.max_staleness=2"]
+    sections = [
+        f"+{CUSTOM}.managed.rows_per_session=1",
+        f"+{CUSTOM}.over_sample.max_staleness=2",
+        f"+{CUSTOM}.entropy_control.target_fraction=0.8",
+        f"+{CUSTOM}.entropy_control.width=0.4",
+    ]
     return [*lines, *FEATURES["advantage_shaping"][1], *sections]
 
 
@@ -42,8 +47,9 @@ def test_the_command_line_with_every_section_starts(every_feature):
     """The negative control: the same command line without a typo starts, every section present, as does a
     ``custom`` section of another plugin."""
     config = _compose([*every_feature, f"+{CUSTOM}.my_plugin.top_kk=1"])
-    assert set(config.actor_rollout_ref.rollout.custom) >= {"entropy", "over_sample", "managed", "entropy_forecast"}
-    assert {"over_sampling", "steering", "forecast"} <= set(_start_up(config).enabled)
+    custom = set(config.actor_rollout_ref.rollout.custom)
+    assert custom >= {"entropy", "over_sample", "managed", "entropy_forecast", "entropy_control"}
+    assert {"over_sampling", "steering", "forecast", "control"} <= set(_start_up(config).enabled)
 
 
 # (the override after `custom.`, the misspelt key's path in the message, the closest valid key)
@@ -55,6 +61,7 @@ TYPOS = [
     ("managed.rows_per_sesion=2", "managed.rows_per_sesion", "rows_per_session"),
     ("entropy_forecast.evry=2", "entropy_forecast.evry", "every"),
     ("entropy_forecast.early_warning.fractoin=0.3", "entropy_forecast.early_warning.fractoin", "fraction"),
+    ("entropy_control.widht=0.3", "entropy_control.widht", "width"),
 ]
 
 

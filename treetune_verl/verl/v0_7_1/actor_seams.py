@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from treetune_verl.batch_keys import FORECAST_EVAL_META_KEY
+from treetune_verl.control.controller import attach as attach_controller
 from treetune_verl.forecast.live import ForecastRun, counted_call, eos_token_ids
 from treetune_verl.patching import Wrap, swapped
 from treetune_verl.ppo import loss_aggregation
@@ -80,6 +81,7 @@ def _wrap_update_actor(original: Callable[..., Any]) -> Callable[..., Any]:
         if counted is None:
             return original(self, data)
         settings, state = counted
+        attach_controller(self, state)  # custom.entropy_control: decides inside the forecast's first step
         marked = FORECAST_EVAL_META_KEY in data.meta_info
         if not state.due(settings.every, marked, data.meta_info.get(FORECAST_EVAL_META_KEY)):
             return original(self, data)

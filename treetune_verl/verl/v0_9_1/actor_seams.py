@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from treetune_verl.batch_keys import FORECAST_EVAL_META_KEY
+from treetune_verl.control.controller import attach as attach_controller
 from treetune_verl.forecast.live import counted_call
 from treetune_verl.patching import Wrap, swapped
 from treetune_verl.verl.v0_9_1.engine_forecast import engine_forecast
@@ -52,6 +53,7 @@ def _wrap_update_actor(original: Callable[..., Any]) -> Callable[..., Any]:
         if counted is None:
             return original(self, data)
         settings, state = counted
+        attach_controller(self, state)  # custom.entropy_control: decides inside the forecast's first step
         training = self.actor
         train_mini_batch = training.train_mini_batch
 

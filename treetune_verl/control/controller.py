@@ -1,0 +1,178 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""The controller inside the forecast's first optimizer step: measure, decide, apply (issue 46).
+
+The forecast (``forecast/live.py``, ``ForecastRun``) calls a :class:`Controller` twice in the update's first optimizer
+step, θ -> θ′ (verl's own step):
+
+1. :meth:`Controller.after_verl_step`, right after verl's step while ``.grad`` still holds the gradient it used: the
+   optimizer's sensitivity ``k`` (``adam_sensitivity.step_sensitivity``);
+2. :meth:`Controller.decide_and_apply`, once the forecast's forwards are done and θ′ is restored: the entropy step and
+   ``b ± b_se`` (``sensitivity.measure``, on a copy of θ′), the decision (``rule.choose_coefficient``), and
+   θ′ + c · Δθ_H written into the parameters.
+
+The rule's inputs, all of E's responses at fixed states, pooled over the ranks (every rank decides the same ``c``):
+``h`` = E's token entropy at θ, ``a`` = its change over verl's step, measured at θ′ by the forecast's forward (the
+whole step, every order: not a prediction), with the paired standard error over E's responses. So the prediction
+``H + a + c · b`` is first order in the controller's own step only, the step ``b`` is measured along at its own scale.
+With more than one optimizer step in the update the later ones are verl's alone (decided at the first; the next
+forecast sees their effect).
+
+State across updates (one ``Controller`` per actor worker, kept in the forecast's state): the previous coefficient
+(the rule's fallback holds it) and the band, resolved at the first update when the target is a fraction of E's entropy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from treetune_verl.control.adam_sensitivity import step_sensitivity
+from treetune_verl.control.rule import Band, Decision, choose_coefficient
+from treetune_verl.control.sensitivity import Sensitivity, measure, secant
+from treetune_verl.control.settings import ControlSettings, control_settings
+from treetune_verl.forecast.sharding import local_tensor, reshard
+from treetune_verl.forecast.step_weights import WeightsAroundStep
+from treetune_verl.forecast.token_entropy import TokenEntropyStats, ratio_and_se, ratio_moments
+from treetune_verl.probe.components import ProbeComponents
+
+PREFIX = "control/"
+# The standard error the rule gets where there is none (fewer than two responses on every rank): it falls back.
+UNRESOLVED = 1e300
+
+
+class Controller:
+    """One actor worker's controller (module docstring); ``moved`` after :meth:`decide_and_apply`: whether the
+    update's weights were changed (the forecast then measures the realised change after the whole update)."""
+
+    def __init__(self, settings: ControlSettings) -> None:
+        self.settings = settings
+        self.band: Band | None = None
+        self.previous = 0.0
+        self.moved = False
+        self._k: dict[torch.Tensor, torch.Tensor] | None = None
+        self._held_out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._predicted_change = 0.0
+
+    def after_verl_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Right after verl's first optimizer step of the update: the step's sensitivity to an added gradient."""
+        self._k = step_sensitivity(optimizer)
+        self.moved = False
+
+    def _band(self, h: float) -> Band:
+        if self.band is None:
+            s = self.settings
+            target = s.target if s.target is not None else s.target_fraction * h
+            self.band = Band(target, s.width)  # refuses a width above 2 · target (a fraction's, checked here)
+        return self.band
+
+    @torch.no_grad()
+    def _apply(self, components: ProbeComponents, sensitivity: Sensitivity, coefficient: float) -> None:
+        reshard(components.model)
+        for name, p in components.named_params:
+            if name in sensitivity.entropy_step:
+                shard = local_tensor(p)
+                shard.add_(sensitivity.entropy_step[name].to(shard.dtype), alpha=coefficient)
+        reshard(components.model)
+
+    def decide_and_apply(
+        self,
+        components: ProbeComponents,
+        E: dict[str, torch.Tensor],
+        mb_size_prompts: int,
+        token: TokenEntropyStats,
+        step_norm: float,
+        sum_over_ranks: Callable[[torch.Tensor], torch.Tensor],
+    ) -> dict[str, float]:
+        """With the parameters at θ′ (verl's step, the forecast done): measure, decide, apply; the ``control/*``
+        metrics. ``token``: the forecast's per-response sums of E (this rank's); ``step_norm``: ‖Δθ‖ over the ranks."""
+        if self._k is None:
+            raise RuntimeError("Controller.decide_and_apply before after_verl_step")
+        h, _ = ratio_and_se(sum_over_ranks(ratio_moments(token.h_before, token.tokens)))
+        a, a_se = ratio_and_se(sum_over_ranks(ratio_moments(token.first_step, token.tokens)))
+        # half B's responses (odd prompts, each G of them, in E's order): where b is measured and the realised change
+        # of the controller's step is read (half A's own entropy rises by far more than b says: its step ascends it)
+        G = int(E["sequences"].shape[1])
+        held_out = (torch.arange(token.tokens.numel()) // G) % 2 == 1
+        self._held_out = (held_out, token.tokens[held_out], (token.h_before + token.first_step)[held_out])
+        band = self._band(h)
+
+        def decide(b: float, b_se: float) -> Decision:
+            return choose_coefficient(
+                h,
+                a,
+                a_se if math.isfinite(a_se) else UNRESOLVED,
+                b,
+                b_se if math.isfinite(b_se) else UNRESOLVED,
+                band,
+                self.settings.max_coefficient,
+                self.previous,
+                self.settings.z,
+            )
+
+        weights = WeightsAroundStep(components)  # a copy of θ′ for the entropy step's forwards
+        try:
+            sensitivity = measure(components, E, mb_size_prompts, self._k, weights, step_norm, sum_over_ranks)
+            b, b_se = sensitivity.b, sensitivity.b_se
+            decision = decide(b, b_se)
+            if decision.coefficient > 0:  # the rule's step measured whole: the secant over it, then the rule again
+                at_prime = (self._held_out[1], self._held_out[2])
+                args = (components, E, mb_size_prompts, sensitivity.entropy_step, decision.coefficient, weights)
+                b, b_se = secant(*args, at_prime, sum_over_ranks)
+                decision = decide(b, b_se)
+        finally:
+            weights.restore()
+        if decision.coefficient > 0:
+            self._apply(components, sensitivity, decision.coefficient)
+            self.moved = True
+        self.previous = decision.coefficient
+        self._k = None
+        self._predicted_change = decision.coefficient * b
+        norm = math.sqrt(sum(float(t.square().sum()) for t in sensitivity.entropy_step.values()))
+        norm = float(sum_over_ranks(torch.tensor([norm * norm], dtype=torch.float64)).sqrt())
+        return {
+            **decision.metrics(band),
+            PREFIX + "H_before": h,
+            PREFIX + "change_plain": a,
+            PREFIX + "change_plain_se": a_se,
+            PREFIX + "b_slope": sensitivity.b,  # at θ′ (central difference)
+            PREFIX + "b_slope_se": sensitivity.b_se,
+            PREFIX + "b": b,  # what the decision used: the secant over the step when the rule acts, else the slope
+            PREFIX + "b_se": b_se,
+            PREFIX + "entropy_step_ratio": decision.coefficient * norm / step_norm if step_norm > 0 else math.nan,
+        }
+
+    def realised(
+        self, after: tuple[torch.Tensor, torch.Tensor], sum_over_ranks: Callable[[torch.Tensor], torch.Tensor]
+    ) -> dict[str, float]:
+        """After the whole update: ``control/realised_heldout(_se)``, E's held-out half's token entropy after it minus at
+        θ′ (the controller's step and verl's later ones), beside ``control/predicted_change`` (``c · b``).
+        ``after``: per response of this rank, ``(tokens, Σ_k H_k)`` ``[B, G]`` after the update."""
+        held_out, tokens, at_prime = self._held_out
+        _, h_after = after
+        change = h_after.flatten()[held_out] - at_prime
+        value, se = ratio_and_se(sum_over_ranks(ratio_moments(change, tokens)))
+        out = {PREFIX + "realised_heldout": value, PREFIX + "predicted_change": self._predicted_change}
+        if math.isfinite(se):
+            out[PREFIX + "realised_heldout_se"] = se
+        return out
+
+
+SETTINGS_ATTR = "_treetune_control_settings"  # on verl's actor worker: the section, read at its first update
+
+
+def attach(worker: Any, state: Any) -> Controller | None:
+    """The worker's :class:`Controller`, kept on the forecast's ``state`` (``ForecastState.controller``) for the
+    forecast to call, or None (``custom.entropy_control`` absent). The section is read from the worker's
+    ``config.rollout`` at its first update and kept (the trainer's process checked it at start-up)."""
+    if SETTINGS_ATTR not in vars(worker):
+        vars(worker)[SETTINGS_ATTR] = control_settings(worker.config.rollout)
+    settings = vars(worker)[SETTINGS_ATTR]
+    if settings is None:
+        state.controller = None
+    elif state.controller is None or state.controller.settings != settings:
+        state.controller = Controller(settings)
+    return state.controller

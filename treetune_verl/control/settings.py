@@ -1,0 +1,92 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""The controller's settings: ``actor_rollout_ref.rollout.custom.entropy_control``, read and checked in the actor.
+
+Keys (nats per token for entropies):
+
+    target: float > 0          the band's centre in nats, or
+    target_fraction: float     the band's centre as a share in (0, 1] of E's token entropy at the first controlled
+                               update (exactly one of the two)
+    width: float > 0           the band's width in nats (≤ 2 · target; with ``target_fraction`` checked at the first
+                               update)
+    max_coefficient: float     the largest coefficient of the entropy step (> 0; 1.0): a weight on the entropy as
+                               on a loss term, the step taken by the optimizer's own preconditioner
+                               (``adam_sensitivity.py``)
+    z: float >= 0              standard errors that make a sign or the band's width resolved (2.0; ``rule.py``)
+
+The section runs only with the forecast (``custom.entropy_forecast``, central differences: ``method`` auto in
+float32 or ``central_difference``): it decides at the forecast's first optimizer step of each forecast update. An
+absent or null section turns it off; anything else wrong raises ``ValueError`` naming the key.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from treetune_verl.config.keys import check_known_keys, plain
+from treetune_verl.rollout.rollout_config import read_key
+
+SECTION = "actor_rollout_ref.rollout.custom.entropy_control"
+KEYS = ("target", "target_fraction", "width", "max_coefficient", "z")
+
+
+@dataclass(frozen=True)
+class ControlSettings:
+    """``custom.entropy_control``, checked (module docstring)."""
+
+    width: float
+    target: float | None = None
+    target_fraction: float | None = None
+    max_coefficient: float = 1.0
+    z: float = 2.0
+
+
+def _number(section: Mapping, key: str, default: float | None) -> float | None:
+    value = section.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{SECTION}.{key} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def control_settings(rollout_config: Any) -> ControlSettings | None:
+    """``ControlSettings`` from a rollout config (DictConfig, dict or verl's ``RolloutConfig``), or ``None`` (off).
+
+    Raises:
+        ValueError: an unknown key or a bad value, naming ``actor_rollout_ref.rollout.custom.entropy_control.<key>``;
+            the section without the forecast's.
+    """
+    custom = read_key(rollout_config, "custom")
+    section = plain(read_key(custom, "entropy_control"))
+    if section is None:
+        return None
+    if not isinstance(section, Mapping):
+        raise ValueError(f"{SECTION} must be a mapping of {sorted(KEYS)}, got {section!r}")
+    check_known_keys(section, KEYS, SECTION)
+    if plain(read_key(custom, "entropy_forecast")) is None:
+        raise ValueError(
+            f"{SECTION} decides from the forecast: it needs actor_rollout_ref.rollout.custom.entropy_forecast "
+            "(+treetune_forecast=entropy_forecast)"
+        )
+    target, fraction = _number(section, "target", None), _number(section, "target_fraction", None)
+    if (target is None) == (fraction is None):
+        raise ValueError(f"{SECTION}: give exactly one of target (nats) and target_fraction, got {dict(section)}")
+    if target is not None and target <= 0:
+        raise ValueError(f"{SECTION}.target must be > 0 nats, got {target}")
+    if fraction is not None and not 0 < fraction <= 1:
+        raise ValueError(f"{SECTION}.target_fraction must be in (0, 1], got {fraction}")
+    width = _number(section, "width", None)
+    if width is None or width <= 0 or (target is not None and width > 2 * target):
+        bound = f"(0, 2 * target = {2 * target}]" if target is not None else "> 0"
+        raise ValueError(f"{SECTION}.width must be {bound} nats, got {section.get('width')!r}")
+    max_coefficient = _number(section, "max_coefficient", 1.0)
+    if max_coefficient <= 0:
+        raise ValueError(f"{SECTION}.max_coefficient must be > 0, got {max_coefficient}")
+    z = _number(section, "z", 2.0)
+    if z < 0:
+        raise ValueError(f"{SECTION}.z must be >= 0, got {z}")
+    return ControlSettings(width, target, fraction, max_coefficient, z)
