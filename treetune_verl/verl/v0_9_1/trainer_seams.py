@@ -68,6 +68,7 @@ from treetune_verl.batch_keys import (
     ROLLOUT_ENTROPY_KEY,
     TOKEN_GLOBAL_STEPS_KEY,
 )
+from treetune_verl.control.controller import PREFIX as CONTROL_PREFIX
 from treetune_verl.forecast.live import PREFIX as FORECAST_PREFIX
 from treetune_verl.forecast.live import PROBE_TIMING
 from treetune_verl.patching import Wrap, swapped
@@ -301,9 +302,11 @@ def _wrap_compute_metrics(original):
 
 
 def forecast_metrics_named_back(metrics: dict[str, Any]) -> None:
-    """The forecast's metrics under their own names (``probe/*``, ``timing_s/probe``; the pinned stack's): verl's
-    ``_update_actor`` prefixes every actor metric ``actor/`` (``rename_dict``), in place."""
-    for key in [k for k in metrics if k.startswith(ACTOR_PREFIX + FORECAST_PREFIX) or k == ACTOR_PREFIX + PROBE_TIMING]:
+    """The forecast's and the controller's metrics under their own names (``probe/*``, ``control/*``,
+    ``timing_s/probe``; the pinned stack's): verl's ``_update_actor`` prefixes every actor metric ``actor/``
+    (``rename_dict``), in place."""
+    own = tuple(ACTOR_PREFIX + prefix for prefix in (FORECAST_PREFIX, CONTROL_PREFIX))
+    for key in [k for k in metrics if k.startswith(own) or k == ACTOR_PREFIX + PROBE_TIMING]:
         metrics[key.removeprefix(ACTOR_PREFIX)] = metrics.pop(key)
 
 
