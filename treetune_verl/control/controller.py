@@ -9,7 +9,7 @@ step, θ -> θ′ (verl's own step):
    optimizer's sensitivity ``k`` (``adam_sensitivity.step_sensitivity``);
 2. :meth:`Controller.decide_and_apply`, once the forecast's forwards are done and θ′ is restored: the entropy step and
    ``b ± b_se`` (``sensitivity.measure``, on a copy of θ′), the decision (``rule.choose_coefficient``), and
-   θ′ + c · Δθ_H written into the parameters.
+   θ′ + c · Δθ_H written into the parameters from that copy (``WeightsAroundStep.displace``, then ``keep``).
 
 The rule's inputs, all of E's responses at fixed states, pooled over the ranks (every rank decides the same ``c``):
 ``h`` = E's token entropy at θ, ``a`` = its change over verl's step, measured at θ′ by the forecast's forward (the
@@ -32,9 +32,8 @@ import torch
 
 from treetune_verl.control.adam_sensitivity import step_sensitivity
 from treetune_verl.control.rule import Band, Decision, choose_coefficient
-from treetune_verl.control.sensitivity import Sensitivity, measure, secant
+from treetune_verl.control.sensitivity import measure, secant
 from treetune_verl.control.settings import ControlSettings, control_settings
-from treetune_verl.forecast.sharding import local_tensor, reshard
 from treetune_verl.forecast.step_weights import WeightsAroundStep
 from treetune_verl.forecast.token_entropy import TokenEntropyStats, ratio_and_se, ratio_moments
 from treetune_verl.probe.components import ProbeComponents
@@ -68,15 +67,6 @@ class Controller:
             target = s.target if s.target is not None else s.target_fraction * h
             self.band = Band(target, s.width)  # refuses a width above 2 · target (a fraction's, checked here)
         return self.band
-
-    @torch.no_grad()
-    def _apply(self, components: ProbeComponents, sensitivity: Sensitivity, coefficient: float) -> None:
-        reshard(components.model)
-        for name, p in components.named_params:
-            if name in sensitivity.entropy_step:
-                shard = local_tensor(p)
-                shard.add_(sensitivity.entropy_step[name].to(shard.dtype), alpha=coefficient)
-        reshard(components.model)
 
     def decide_and_apply(
         self,
@@ -123,16 +113,16 @@ class Controller:
                 args = (components, E, mb_size_prompts, sensitivity.entropy_step, decision.coefficient, weights)
                 b, b_se = secant(*args, at_prime, sum_over_ranks)
                 decision = decide(b, b_se)
+            if decision.coefficient > 0:  # θ′ + c · Δθ_H written from the copy of θ′, and kept
+                weights.displace(sensitivity.entropy_step, decision.coefficient)
+                weights.keep()
+                self.moved = True
         finally:
-            weights.restore()
-        if decision.coefficient > 0:
-            self._apply(components, sensitivity, decision.coefficient)
-            self.moved = True
+            weights.restore()  # θ′ unless the step was kept
         self.previous = decision.coefficient
         self._k = None
         self._predicted_change = decision.coefficient * b
-        norm = math.sqrt(sum(float(t.square().sum()) for t in sensitivity.entropy_step.values()))
-        norm = float(sum_over_ranks(torch.tensor([norm * norm], dtype=torch.float64)).sqrt())
+        norm = sensitivity.norm
         return {
             **decision.metrics(band),
             PREFIX + "H_before": h,

@@ -50,6 +50,7 @@ class Sensitivity:
     b_se: float  # its standard error over half B's responses (nan with fewer than two)
     entropy_step: dict[str, torch.Tensor]  # Δθ_H per parameter name, like its local shard, float64
     scale: float  # ε of the central difference
+    norm: float  # ‖Δθ_H‖ over every rank
 
 
 def split_halves(E: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -106,7 +107,7 @@ def measure(
     norm = _global_norm(step, sum_over_ranks)
     if norm == 0.0 or not math.isfinite(norm) or step_norm <= 0.0:
         # no entropy step (a first Adam step responds to no gradient's size): nothing to measure, the rule falls back
-        return Sensitivity(0.0, 0.0, step, 0.0)
+        return Sensitivity(0.0, 0.0, step, 0.0, norm)
     scale = step_norm / norm
     sums = []
     for sign in (1.0, -1.0):
@@ -115,7 +116,7 @@ def measure(
         sums.append(entropy)
     change = (sums[0] - sums[1]) / (2.0 * scale)  # [B/2, G]: per response, d Σ_k H_k / dc
     b, b_se = ratio_and_se(sum_over_ranks(ratio_moments(change, tokens)))
-    return Sensitivity(b, b_se, step, scale)
+    return Sensitivity(b, b_se, step, scale, norm)
 
 
 def secant(

@@ -543,8 +543,7 @@ class ForecastRun:
             change, change_se, _ = realised_change(before, after, budget)
             token_after = self._token_change(after_values)
             if self._control is not None:
-                metrics_control = self._control.realised(response_sums(after_values), _sum_over_ranks)
-                self._metrics.update(metrics_control)
+                self._metrics.update(self._control.realised(response_sums(after_values), _sum_over_ranks))
             if self._record is not None:
                 self._record["after"] = values(after_values)
         probe_s = self._probe_s + self._setup_s + time.perf_counter() - start

@@ -90,6 +90,12 @@ class WeightsAroundStep:
                 shard.add_(direction[name].to(shard.dtype), alpha=scale)
             self.swapped.add(name)
 
+    def keep(self) -> None:
+        """Leave the parameters as they are (the last ``displace``: the entropy controller's step) and free the copy;
+        a later ``restore`` does nothing."""
+        self.swapped.clear()
+        self.saved.clear()
+
     @torch.no_grad()
     def restore(self) -> None:
         """Parameters -> θ′ as the optimizer step left them; frees the copy."""

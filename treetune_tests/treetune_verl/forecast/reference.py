@@ -207,3 +207,26 @@ def joined(
     prompts, responses = token_lists(batches)
     B = len(prompts)
     return make_probe_batch(prompts, responses, torch.zeros(B, G), pad_token_id, [budget] * B)
+
+
+def pooled_token_entropy(model: torch.nn.Module, prompts: list[list[int]], responses: list[list[list[int]]]) -> float:
+    """E's token entropy pooled over every response token (nats per token) under ``model``: one HF forward per
+    response (:func:`_token_values`, T = 1)."""
+    total, tokens = 0.0, 0
+    with torch.no_grad():
+        for prompt, group in zip(prompts, responses, strict=True):
+            for response in group:
+                _, entropy = _token_values(model.eval(), prompt, response)
+                total, tokens = total + float(entropy.sum()), tokens + len(response)
+    return total / tokens
+
+
+def held_out_half(E_batches: list[dict[str, torch.Tensor]]) -> tuple[list[list[int]], list[list[list[int]]]]:
+    """The entropy controller's held-out half of E: each rank's odd prompts (``control/sensitivity.split_halves``),
+    as ``token_lists`` gives them."""
+    prompts, responses = [], []
+    for E in E_batches:
+        rank_prompts, rank_responses = token_lists([E])
+        prompts += rank_prompts[1::2]
+        responses += rank_responses[1::2]
+    return prompts, responses

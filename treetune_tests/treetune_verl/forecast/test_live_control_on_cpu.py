@@ -27,7 +27,12 @@ import torch
 import torch.distributed as dist
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 
-from treetune_tests.treetune_verl.forecast.reference import _token_values, full_parameters, token_lists
+from treetune_tests.treetune_verl.forecast.reference import (
+    full_parameters,
+    held_out_half,
+    pooled_token_entropy,
+    token_lists,
+)
 from treetune_tests.treetune_verl.forecast.test_live_forecast_on_cpu import (
     GROUPS,
     SETTINGS,
@@ -88,13 +93,7 @@ def _pooled_entropy(weights: dict[str, torch.Tensor], prompts, responses) -> flo
     """E's token entropy pooled over every response token (nats per token) under ``weights``: HF forwards here."""
     model = _model()
     model.load_state_dict(weights)
-    total, tokens = 0.0, 0
-    with torch.no_grad():
-        for prompt, group in zip(prompts, responses, strict=True):
-            for response in group:
-                _, entropy = _token_values(model.eval(), prompt, response)
-                total, tokens = total + float(entropy.sum()), tokens + len(response)
-    return total / tokens
+    return pooled_token_entropy(model, prompts, responses)
 
 
 def _e_tokens(results):
@@ -123,11 +122,7 @@ def test_the_controlled_update_lands_where_the_rule_put_it(tmp_path, world):
     assert all(other["control/coefficient"] == c for other in metrics[1:]), "the ranks decided differently"
 
     # the held-out half (each rank's odd prompts of E), where b was measured: the controller's step moved it by c·b
-    held_prompts, held_responses = [], []
-    for result in controlled:
-        rank_prompts, rank_responses = token_lists([result["E"]])
-        held_prompts += rank_prompts[1::2]
-        held_responses += rank_responses[1::2]
+    held_prompts, held_responses = held_out_half([result["E"] for result in controlled])
     held_plain = _pooled_entropy(plain[0]["after"], held_prompts, held_responses)
     held_after = _pooled_entropy(controlled[0]["after"], held_prompts, held_responses)
     predicted = c * b

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from treetune_tests.treetune_verl.forecast.reference import _token_values, token_lists
+from treetune_tests.treetune_verl.forecast.reference import held_out_half, pooled_token_entropy, token_lists
 from treetune_tests.treetune_verl.verl.v0_9_1.test_engine_forecast_on_cpu import (
     CPU_RUNTIME,
     FORECAST,
@@ -89,13 +89,7 @@ def _pooled_entropy(model_path: str, weights: dict, prompts, responses) -> float
     model = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)  # tied embeddings
-    total, tokens = 0.0, 0
-    with torch.no_grad():
-        for prompt, group in zip(prompts, responses, strict=True):
-            for response in group:
-                _, entropy = _token_values(model.eval(), prompt, response)
-                total, tokens = total + float(entropy.sum()), tokens + len(response)
-    return total / tokens
+    return pooled_token_entropy(model, prompts, responses)
 
 
 # Whether this E (4 prompts: halves of 2, or 1 per rank) leaves b's sign unresolved, as measured: at 1 rank
@@ -131,11 +125,7 @@ def test_the_controlled_engine_update_lands_where_the_rule_put_it(
     assert not fallback, f"b {b:.3g} ± {b_se:.2g} resolved where this E left it unresolved before"
     assert m["control/fallback"] == 0 and c > 0 and b > 0, str({k: v for k, v in m.items() if "control/" in k})
 
-    held_prompts, held_responses = [], []
-    for result in controlled:  # each rank's odd prompts of its E: where b was measured
-        rank_prompts, rank_responses = token_lists([result["E"]])
-        held_prompts += rank_prompts[1::2]
-        held_responses += rank_responses[1::2]
+    held_prompts, held_responses = held_out_half([result["E"] for result in controlled])
     held_plain = _pooled_entropy(model_path, plain[0]["after"], held_prompts, held_responses)
     held_after = _pooled_entropy(model_path, controlled[0]["after"], held_prompts, held_responses)
     predicted = c * b
