@@ -126,10 +126,16 @@ def test_falls_back_to_the_previous_coefficient_when_the_forecast_cannot_tell():
     assert wrong_sign.fallback and wrong_sign.coefficient == 0.0
 
 
-def test_no_control_at_or_above_the_band_and_the_bound_holds():
+def test_no_control_at_or_above_the_bands_centre_and_the_bound_holds():
     band = Band(1.0, 0.2)
     above = choose_coefficient(1.5, -0.1, 0.0, 0.1, 0.0, band, max_coefficient=10.0, previous=3.0)
     assert above.coefficient == 0.0 and not above.fallback and above.predicted_after == pytest.approx(1.4)
+    at_centre = choose_coefficient(1.05, -0.05, 0.0, 0.1, 0.0, band, max_coefficient=10.0, previous=3.0)
+    assert at_centre.coefficient == 0.0 and not at_centre.fallback
+    # inside the band but below its centre: brought back to the centre (E's entropy scatters around a trend held
+    # at the lower edge: about half of the steps would fall out)
+    lower_half = choose_coefficient(1.0, -0.05, 0.0, 0.1, 0.0, band, max_coefficient=10.0)
+    assert lower_half.coefficient == pytest.approx(0.5) and lower_half.predicted_after == pytest.approx(1.0)
     capped = choose_coefficient(1.0, -0.5, 0.0, 0.01, 0.0, band, max_coefficient=2.0)
     assert capped.coefficient == 2.0 and capped.predicted_after == pytest.approx(0.52)
     metrics = capped.metrics(band)
