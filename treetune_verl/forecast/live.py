@@ -90,6 +90,7 @@ from treetune_verl.probe.teacher_forcing import TeacherForced
 
 T = TypeVar("T")
 PREFIX = "probe/"
+CONTROL_SECONDS, CONTROL_COST_RATIO = "control/seconds", "control/cost_ratio"  # beside the controller's control/*
 TOKEN_PREFIX = "probe/token/"  # E's token entropy: the calibrated forecast (token_entropy.py)
 STATE_ATTR = "_treetune_entropy_forecast"  # on verl's actor worker: its ForecastState across updates
 SETTINGS_ATTR = "_treetune_forecast_settings"  # the forecast's settings, read at the worker's first update
@@ -391,6 +392,7 @@ class ForecastRun:
         self._record: dict[str, Any] | None = None  # E's token values, written by finish() with record_dir
         now = time.perf_counter()
         self._setup_s, self._probe_s, self._update_start = now - start, 0.0, now
+        self._control_s = 0.0  # the controller's own seconds, inside the forecast's (probe_s)
 
     @classmethod
     def from_dp_actor(
@@ -491,8 +493,9 @@ class ForecastRun:
         else:
             self._token = TokenEntropyStats.per_response(at_theta, plus, minus, softmax_change)
         if self._control is not None:  # θ′ restored: the controller's step goes on top of verl's
-            step_norm = self._metrics[PREFIX + "step_norm"]
+            control_start, step_norm = time.perf_counter(), self._metrics[PREFIX + "step_norm"]
             self._metrics.update(self._control.decide_and_apply(first, E, mb, self._token, step_norm, _sum_over_ranks))
+            self._control_s += time.perf_counter() - control_start
         for estimator, per_prompt in dots.items():
             # by backward: this rank's shard sums, whose sum over ranks is per prompt index the mean over ranks
             if self._by_backward:
@@ -538,12 +541,15 @@ class ForecastRun:
         token_after = None  # per unit, E's summed token entropy change after the whole update
         if self._steps > 1 or (self._control is not None and self._control.moved):
             # the whole update moved past θ′: more optimizer steps, or the controller's step on top of verl's
+            after_start = time.perf_counter()
             after_values = token_values(self._first, self._E, self._mb_prompts)
             after = sequence_sums(after_values)
             change, change_se, _ = realised_change(before, after, budget)
             token_after = self._token_change(after_values)
             if self._control is not None:
                 self._metrics.update(self._control.realised(response_sums(after_values), _sum_over_ranks))
+                if self._steps == 1:  # E's forwards after the update are there for the controller's step alone
+                    self._control_s += time.perf_counter() - after_start
             if self._record is not None:
                 self._record["after"] = values(after_values)
         probe_s = self._probe_s + self._setup_s + time.perf_counter() - start
@@ -563,6 +569,10 @@ class ForecastRun:
         metrics[PREFIX + "update_s"] = update_s
         metrics[PROBE_TIMING] = probe_s
         metrics[PREFIX + "cost_ratio"] = probe_s / update_s if update_s > 0 else float("nan")
+        if self._control is not None:
+            # issue 46's cost: the controller's seconds over the update's, the forecast's included
+            metrics[CONTROL_SECONDS] = self._control_s
+            metrics[CONTROL_COST_RATIO] = self._control_s / (update_s + probe_s)
         metrics.update(self._warning.observe(metrics, log=world()[0] == 0))  # the same on every rank; rank 0 logs
         if self._record is not None:
             write_record(self._record_dir, self._call, world()[0], {**self._record, "metrics": dict(metrics)})

@@ -138,6 +138,11 @@ def test_the_controlled_update_lands_where_the_rule_put_it(tmp_path, world):
     assert m["control/predicted_after"] == pytest.approx(m["control/predicted_before"] + predicted, rel=1e-12)
     # aimed at the centre with b's upper bound b + z·b_se (b_se is large on this E): short of it, never past it
     assert m["control/predicted_before"] < m["control/predicted_after"] <= target
+    # its cost: the controller's own seconds, inside the forecast's, over the update's with the forecast
+    assert 0 < m["control/seconds"] < m["timing_s/probe"] and 0 < m["control/cost_ratio"] < 1
+    assert m["control/cost_ratio"] == pytest.approx(
+        m["control/seconds"] / (m["probe/update_s"] + m["timing_s/probe"]), rel=1e-12
+    )
     h_after = _pooled_entropy(controlled[0]["after"], prompts, responses)
     assert m["probe/token/deltaH_realised"] == pytest.approx(h_after - h_before, abs=1e-5)  # after the control
     print(
