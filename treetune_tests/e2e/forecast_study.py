@@ -14,6 +14,9 @@ rollout-entropy block and ``E2E_FORECAST=1``: the forecast block, every step) wi
   per step (``--rollout-n``): on CPU its rollout entropy falls below half of step 1's within ~10 steps
   (``treetune_specs/2026-11-28-forecast-calibration.md``);
 - ``stable``: the same at lr 5e-6 (1e-5 at 2 responses per prompt: at 4 it fell by half in 11 steps);
+- issue 46's arms, the collapsing arm's settings and steps with one block each (``ARM_BLOCKS``): ``controlled`` (the
+  entropy controller holding E's entropy in a band), ``clip_cov`` and ``kl_cov`` (verl's loss modes at their
+  recipe's settings), e.g. ``--arms collapsing,controlled,clip_cov,kl_cov --collapsing-steps 30``;
 
 and E = every prompt of the step (``eval_share=1.0``: 4 prompts x 4 fresh responses; at 2 responses per prompt the
 forecast's standard error was 0.4-0.65 of the change on the pinned runs, at 4 it is 0.23-0.31), ``data.seed`` = ``--seed``
@@ -43,7 +46,34 @@ FORECAST = "actor_rollout_ref.rollout.custom.entropy_forecast"
 # AdamW learning rate per arm (--collapsing-lr, --stable-lr). The stable arm's: at 4 responses per prompt lr 1e-5
 # (the stable arm's at 2) took the rollout entropy from 1.58 to 0.81 nats in 11 steps on the current stack (more groups
 # with unequal rewards: larger steps), with the collapse warning at steps 11-12.
-ARMS = {"collapsing": 1e-4, "stable": 5e-6}
+LEARNING_RATES = {"collapsing": 1e-4, "stable": 5e-6}
+
+# Issue 46's arms: the collapsing arm (its learning rate, --collapsing-lr, and steps, --collapsing-steps) with one
+# block each. ``controlled``: the entropy controller (treetune_verl/control), its band chosen before its first run
+# (80 % of E's token entropy at the first update, 0.8 nats wide). ``clip_cov`` / ``kl_cov``: verl's own loss modes
+# (Cui et al. 2025) at the settings of verl's recipe (recipe/entropy/7b_clip_cov.sh, 7b_kl_cov.sh, before the
+# recipes left verl's repository in #4795). Their ratios are shares of the batch's tokens: at this run's ~400 tokens a
+# step, 0.0002 selects no token and 0.002 at most one, so here they are close to stock, as published.
+CONTROL = "actor_rollout_ref.rollout.custom.entropy_control"
+POLICY_LOSS = "actor_rollout_ref.actor.policy_loss"
+ARM_BLOCKS = {
+    "controlled": [f"+{CONTROL}.target_fraction=0.8", f"+{CONTROL}.width=0.8"],
+    "clip_cov": [
+        f"{POLICY_LOSS}.loss_mode=clip_cov",
+        "actor_rollout_ref.actor.clip_ratio_low=1",
+        "actor_rollout_ref.actor.clip_ratio_high=1",
+        f"{POLICY_LOSS}.clip_cov_ratio=0.0002",
+        f"{POLICY_LOSS}.clip_cov_lb=1.0",
+        f"{POLICY_LOSS}.clip_cov_ub=5.0",
+    ],
+    "kl_cov": [f"{POLICY_LOSS}.loss_mode=kl_cov", f"{POLICY_LOSS}.kl_cov_ratio=0.002", f"{POLICY_LOSS}.ppo_kl_coef=1"],
+}
+ARMS = (*LEARNING_RATES, *ARM_BLOCKS)
+
+
+def arm_learning_rate(arm: str, args: argparse.Namespace) -> float:
+    """The arm's AdamW learning rate: its own option, or the collapsing arm's for issue 46's arms."""
+    return getattr(args, f"{arm}_lr") if arm in LEARNING_RATES else args.collapsing_lr
 
 
 # Both arms, after the e2e script's settings: a 32-token response budget (the reward's format pays for short answers;
@@ -100,8 +130,8 @@ def run_arm(arm: str, steps: int, args: argparse.Namespace) -> Path:
         "E2E_WORKDIR": str(work),
         "PYTHON": sys.executable,
     }
-    lr = getattr(args, f"{arm}_lr")
-    command = ["bash", str(E2E_SCRIPT), *arm_overrides(lr, args.seed, record, args.rollout_n)]
+    lr = arm_learning_rate(arm, args)
+    command = ["bash", str(E2E_SCRIPT), *arm_overrides(lr, args.seed, record, args.rollout_n), *ARM_BLOCKS.get(arm, [])]
     metrics, output = work / "metrics.jsonl", work / "e2e_output.txt"
     seed = "verl's default" if args.seed is None else args.seed
     print(
@@ -136,8 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arms", default="collapsing,stable", help="comma-separated, of: " + ", ".join(ARMS))
     parser.add_argument("--collapsing-steps", type=int, default=18)
     parser.add_argument("--stable-steps", type=int, default=12)
-    parser.add_argument("--collapsing-lr", type=float, default=ARMS["collapsing"])
-    parser.add_argument("--stable-lr", type=float, default=ARMS["stable"])
+    parser.add_argument("--collapsing-lr", type=float, default=LEARNING_RATES["collapsing"])
+    parser.add_argument("--stable-lr", type=float, default=LEARNING_RATES["stable"])
     parser.add_argument("--model", default="smollm2", choices=("smollm2", "tiny"), help="tiny: the tests' random Qwen2")
     parser.add_argument("--seed", type=int, default=None, help="data.seed: the order of the prompts (default: verl's)")
     parser.add_argument("--record", action="store_true", help="one file per forecast with E's token values")
@@ -153,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
     workdirs = {}
     for arm in arms:
-        steps = args.collapsing_steps if arm == "collapsing" else args.stable_steps
+        steps = args.stable_steps if arm == "stable" else args.collapsing_steps
         workdirs[arm] = (args.root / arm).resolve() if args.report_only else run_arm(arm, steps, args)
     report = write_report({arm: work / "metrics.jsonl" for arm, work in workdirs.items()}, args.root)
     print(f"[study] report: {report} ({time.monotonic() - start:.0f} s in all)", flush=True)

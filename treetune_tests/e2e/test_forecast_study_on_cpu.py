@@ -12,7 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from treetune_tests.e2e.forecast_study import COMMON, arm_overrides
+import pytest
+
+from treetune_tests.e2e.forecast_study import ARM_BLOCKS, COMMON, arm_overrides
+from treetune_tests.e2e.script import run_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,6 +29,34 @@ def test_arm_overrides_set_the_learning_rate_warm_up_budget_and_records(tmp_path
     assert "data.seed=3" in arm_overrides(1e-4, 3, None)
     assert "actor_rollout_ref.rollout.n=4" in arm_overrides(1e-4, None, None, rollout_n=4)
     assert not any(o.startswith("actor_rollout_ref.rollout.n=") for o in arm_overrides(1e-4, None, None))
+
+
+@pytest.mark.parametrize("arm", sorted(ARM_BLOCKS))
+def test_issue_46s_arms_compose_with_verls_config_and_ours(arm, tiny_model_dir, tmp_path):
+    """Each arm's block after the e2e script's arguments (the forecast on, as every arm runs) composes in the
+    installed verl's trainer config; the loss modes reach verl's policy loss, the controller's block our settings."""
+    import verl
+    from hydra import compose, initialize_config_dir
+
+    from treetune_verl.control.settings import control_settings
+
+    env = {"E2E_PRINT_ARGS": "1", "E2E_DEVICE": "cpu", "MODEL_PATH": str(tiny_model_dir), "E2E_FORECAST": "1"}
+    result = run_script({**env, "E2E_WORKDIR": str(tmp_path)}, timeout=300)
+    assert result.returncode == 0, result.stderr
+    overrides = [*result.stdout.splitlines(), *arm_overrides(1e-4, None, None, rollout_n=4), *ARM_BLOCKS[arm]]
+    config_dir = Path(verl.__file__).parent / "trainer" / "config"
+    with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+        config = compose("ppo_trainer", overrides=overrides)
+    actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
+    settings = control_settings(rollout)
+    if arm == "controlled":
+        assert (settings.target_fraction, settings.width) == (0.8, 0.8) and actor.policy_loss.loss_mode == "vanilla"
+    else:
+        assert settings is None and actor.policy_loss.loss_mode == arm
+    if arm == "clip_cov":
+        assert (actor.clip_ratio_low, actor.clip_ratio_high, actor.policy_loss.clip_cov_ratio) == (1, 1, 0.0002)
+    if arm == "kl_cov":
+        assert (actor.policy_loss.kl_cov_ratio, actor.policy_loss.ppo_kl_coef) == (0.002, 1)
 
 
 def test_the_study_job_runs_an_arm_and_writes_its_report(tmp_path):

@@ -21,7 +21,14 @@ from pathlib import Path
 
 from treetune_verl.forecast.calibration import Step, calibration, figures_json, pooled, read_run, run_json, z_scores
 
-COLOURS = ("tab:red", "tab:blue", "tab:green", "tab:purple")
+COLOURS = ("tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange", "tab:brown", "tab:olive", "tab:cyan")
+
+
+def arm_colours(runs: dict) -> list[str]:
+    """One colour per arm, in order (cycled past the palette: no arm is left off a plot)."""
+    return [COLOURS[i % len(COLOURS)] for i in range(len(runs))]
+
+
 AGREEMENT_ROWS = (
     ("forecast_steps", "forecast steps", "{:d}"),
     ("pearson", "Pearson(forecast, realised)", "{:.3f}"),
@@ -152,7 +159,7 @@ def plot_reward_length(runs: dict[str, list[Step]], out: Path) -> Path:
     """Reward and response length per step, every arm."""
     plt = _pyplot()
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 5.5))
-    for (arm, run), colour in zip(runs.items(), COLOURS, strict=False):
+    for (arm, run), colour in zip(runs.items(), arm_colours(runs), strict=True):
         top.plot(*_steps(run, "reward"), "-o", color=colour, label=arm)
         bottom.plot(*_steps(run, "response_length"), "-o", color=colour, label=arm)
     top.set_ylabel("reward (critic/score/mean)")
@@ -172,7 +179,7 @@ def plot_calibration(runs: dict[str, list[Step]], out: Path) -> Path:
     plt = _pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2))
     lows, highs = [], []
-    for (arm, run), colour in zip(runs.items(), COLOURS, strict=False):
+    for (arm, run), colour in zip(runs.items(), arm_colours(runs), strict=True):
         probed = [s for s in run if s.forecast_step]
         left.errorbar(
             [s.forecast for s in probed],
