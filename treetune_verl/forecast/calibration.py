@@ -69,6 +69,9 @@ HOLDOUT_SOFTMAX = TOKEN + "holdout/deltaH_softmax"
 COLLAPSE_WARNING = "probe/warning/collapse"
 PROBE_S, UPDATE_ACTOR_S, GEN_S = "timing_s/probe", "timing_s/update_actor", "timing_s/gen"
 EVAL_GEN_SHARE = "probe/eval_gen_token_share"
+# the entropy controller's (treetune_verl/control), in a controlled arm only
+BAND_LOW, BAND_HIGH = "control/band_low", "control/band_high"
+CONTROL_COEFFICIENT, CONTROL_COST_RATIO = "control/coefficient", "control/cost_ratio"
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,10 @@ class Step:
     probe_s: float = math.nan
     update_actor_s: float = math.nan
     eval_gen_share: float = math.nan
+    band_low: float = math.nan  # the controller's band (nats per token), NaN without the controller
+    band_high: float = math.nan
+    control_coefficient: float = math.nan
+    control_cost_ratio: float = math.nan
 
     @property
     def forecast_step(self) -> bool:
@@ -157,6 +164,10 @@ def read_run(metrics_jsonl: str | Path) -> list[Step]:
                 probe_s=_value(data, PROBE_S),
                 update_actor_s=_value(data, UPDATE_ACTOR_S),
                 eval_gen_share=_value(data, EVAL_GEN_SHARE),
+                band_low=_value(data, BAND_LOW),
+                band_high=_value(data, BAND_HIGH),
+                control_coefficient=_value(data, CONTROL_COEFFICIENT),
+                control_cost_ratio=_value(data, CONTROL_COST_RATIO),
             )
         )
     if not steps:
