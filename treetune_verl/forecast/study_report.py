@@ -91,6 +91,21 @@ def draw_entropy(ax, arm: str, run: list[Step], colour: str = COLOURS[0]) -> Non
     ax.axhline(half, color="black", linewidth=0.8, linestyle="-.", label="½ of step 1 (collapse)")
     for i, s in enumerate(w for w in run if w.warning):
         ax.axvspan(s.step - 0.4, s.step + 0.4, color="red", alpha=0.15, label="collapse warning" if i == 0 else None)
+    controlled = [s for s in run if math.isfinite(s.band_low) and math.isfinite(s.band_high)]
+    if controlled:  # the controller's band at each step it decided, and its coefficient on a second axis
+        steps = [s.step for s in controlled]
+        ax.fill_between(
+            steps,
+            [s.band_low for s in controlled],
+            [s.band_high for s in controlled],
+            color=colour,
+            alpha=0.12,
+            step="mid",
+            label="the controller's band",
+        )
+        coefficient = ax.twinx()
+        coefficient.bar(*_steps(run, "control_coefficient"), width=0.5, color="grey", alpha=0.35)
+        coefficient.set_ylabel("the controller's coefficient (bars)", fontsize=7)
     ax.set_title(f"{arm}: entropy and the collapse warnings")
     ax.set_xlabel("training step")
     ax.set_ylabel("entropy (nats per token)")

@@ -196,6 +196,35 @@ def test_the_one_run_plot_has_both_panels(tmp_path):
         plot_forecast(_write(tmp_path / "metrics.jsonl", [_record(1, 2.0)]))
 
 
+def test_issue_46s_five_arms_each_drawn_and_the_controlled_arms_band_kept(tmp_path, monkeypatch):
+    """The study's five arms (issue 46): every arm reaches every multi-arm plot (the palette had four colours and
+    ``zip`` left the fifth off), and the controlled arm's band and coefficient reach ``study.json``."""
+    import matplotlib.axes
+
+    band = {"control/band_low": 1.0, "control/band_high": 1.8, "control/coefficient": 0.05, "control/cost_ratio": 0.3}
+    arms = {
+        arm: _write(
+            tmp_path / f"{arm}.jsonl",
+            [_record(i, 1.5, 0.01, 0.02, **(band if arm == "controlled" else {})) for i in range(1, 4)],
+        )
+        for arm in ("collapsing", "stable", "controlled", "clip_cov", "kl_cov")
+    }
+    labels = []
+    plot = matplotlib.axes.Axes.plot
+
+    def recording_plot(self, *args, label=None, **kwargs):
+        labels.append(label)
+        return plot(self, *args, label=label, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", recording_plot)
+    write_report(arms, tmp_path / "report")
+    assert all(labels.count(arm) >= 2 for arm in arms), labels  # reward and length panels, every arm
+    study = json.loads((tmp_path / "report" / "study.json").read_text())
+    steps = study["arms"]["controlled"]["steps"]
+    assert [(s["band_low"], s["band_high"], s["control_coefficient"]) for s in steps] == [(1.0, 1.8, 0.05)] * 3
+    assert study["arms"]["stable"]["steps"][0]["band_low"] is None  # no controller: null, not a band
+
+
 @needs_chromium
 def test_the_report_opens_in_headless_chromium_with_every_image(tmp_path):
     """Chromium loads report.html from disk; a script appended to a copy counts the images that decoded
