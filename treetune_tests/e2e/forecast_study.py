@@ -15,8 +15,9 @@ rollout-entropy block and ``E2E_FORECAST=1``: the forecast block, every step) wi
   (``treetune_specs/2026-11-28-forecast-calibration.md``);
 - ``stable``: the same at lr 5e-6 (1e-5 at 2 responses per prompt: at 4 it fell by half in 11 steps);
 - issue 46's arms, the collapsing arm's settings and steps with one block each (``ARM_BLOCKS``): ``controlled`` (the
-  entropy controller holding E's entropy in a band), ``clip_cov`` and ``kl_cov`` (verl's loss modes at their
-  recipe's settings), e.g. ``--arms collapsing,controlled,clip_cov,kl_cov --collapsing-steps 30``;
+  entropy controller holding E's entropy in a band), ``reactive`` (TRL's adaptive coefficient through the same
+  entropy step), ``clip_cov`` and ``kl_cov`` (verl's loss modes at their
+  recipe's settings), e.g. ``--arms collapsing,controlled,reactive,clip_cov,kl_cov --collapsing-steps 30``;
 
 and E = every prompt of the step (``eval_share=1.0``: 4 prompts x 4 fresh responses; at 2 responses per prompt the
 forecast's standard error was 0.4-0.65 of the change on the pinned runs, at 4 it is 0.23-0.31), ``data.seed`` = ``--seed``
@@ -50,7 +51,7 @@ LEARNING_RATES = {"collapsing": 1e-4, "stable": 5e-6}
 
 # Issue 46's arms: the collapsing arm (its learning rate, --collapsing-lr, and steps, --collapsing-steps) with one
 # block each. ``controlled``: the entropy controller (treetune_verl/control), its band chosen before its first run
-# (80 % of E's token entropy at the first update, 0.8 nats wide). ``clip_cov`` / ``kl_cov``: verl's own loss modes
+# (80 % of E's token entropy at the first update, 0.8 nats wide); ``reactive``: the same band judged by TRL's rule. ``clip_cov`` / ``kl_cov``: verl's own loss modes
 # (Cui et al. 2025) at the settings of verl's recipe (recipe/entropy/7b_clip_cov.sh, 7b_kl_cov.sh, before the
 # recipes left verl's repository in #4795). Their ratios are shares of the batch's tokens: at this run's ~400 tokens a
 # step, 0.0002 selects no token and 0.002 at most one, so here they are close to stock, as published.
@@ -58,6 +59,9 @@ CONTROL = "actor_rollout_ref.rollout.custom.entropy_control"
 POLICY_LOSS = "actor_rollout_ref.actor.policy_loss"
 ARM_BLOCKS = {
     "controlled": [f"+{CONTROL}.target_fraction=0.8", f"+{CONTROL}.width=0.8"],
+    # TRL's adaptive coefficient (its default step, 0.005 per update; its target: the same band's centre) through
+    # the same entropy step: the arm that reacts to the entropy measured instead of deciding from the forecast
+    "reactive": [f"+{CONTROL}.target_fraction=0.8", f"+{CONTROL}.width=0.8", f"+{CONTROL}.rule=reactive"],
     "clip_cov": [
         f"{POLICY_LOSS}.loss_mode=clip_cov",
         "actor_rollout_ref.actor.clip_ratio_low=1",

@@ -49,8 +49,9 @@ def test_issue_46s_arms_compose_with_verls_config_and_ours(arm, tiny_model_dir, 
         config = compose("ppo_trainer", overrides=overrides)
     actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
     settings = control_settings(rollout)
-    if arm == "controlled":
+    if arm in ("controlled", "reactive"):
         assert (settings.target_fraction, settings.width) == (0.8, 0.8) and actor.policy_loss.loss_mode == "vanilla"
+        assert settings.rule == ("forecast" if arm == "controlled" else "reactive")
     else:
         assert settings is None and actor.policy_loss.loss_mode == arm
     if arm == "clip_cov":

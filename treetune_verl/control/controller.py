@@ -18,6 +18,9 @@ whole step, every order: not a prediction), with the paired standard error over 
 With more than one optimizer step in the update the later ones are verl's alone (decided at the first; the next
 forecast sees their effect).
 
+With ``rule: reactive`` (issue 46's anchor) the decision is TRL's adaptive coefficient from the entropy measured
+(``rule.reactive_coefficient``), through the same entropy step: the study compares the two rules on one actuator.
+
 State across updates (one ``Controller`` per actor worker, kept in the forecast's state): the previous coefficient
 (the rule's fallback holds it) and the band, resolved at the first update when the target is a fraction of E's entropy.
 """
@@ -31,7 +34,7 @@ from typing import Any
 import torch
 
 from treetune_verl.control.adam_sensitivity import step_sensitivity
-from treetune_verl.control.rule import Band, Decision, choose_coefficient
+from treetune_verl.control.rule import Band, Decision, choose_coefficient, reactive_coefficient
 from treetune_verl.control.sensitivity import measure, secant
 from treetune_verl.control.settings import ControlSettings, control_settings
 from treetune_verl.forecast.step_weights import WeightsAroundStep
@@ -52,6 +55,8 @@ class Controller:
         self.band: Band | None = None
         self.previous = 0.0
         self.moved = False
+        # the reactive rule's state (settings.rule == "reactive"): its coefficient and the previous update's entropy
+        self._reactive_coefficient, self._last_h = 0.0, math.inf
         self._k: dict[torch.Tensor, torch.Tensor] | None = None
         self._held_out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._predicted_change = 0.0
@@ -107,8 +112,9 @@ class Controller:
         try:
             sensitivity = measure(components, E, mb_size_prompts, self._k, weights, step_norm, sum_over_ranks)
             b, b_se = sensitivity.b, sensitivity.b_se
-            decision = decide(b, b_se)
-            if decision.coefficient > 0:  # the rule's step measured whole: the secant over it, then the rule again
+            decision = decide(b, b_se) if self.settings.rule == "forecast" else self._react(h, a, b, band)
+            if decision.coefficient > 0 and self.settings.rule == "forecast":
+                # the rule's step measured whole: the secant over it, then the rule again
                 at_prime = (self._held_out[1], self._held_out[2])
                 args = (components, E, mb_size_prompts, sensitivity.entropy_step, decision.coefficient, weights)
                 b, b_se = secant(*args, at_prime, sum_over_ranks)
@@ -134,6 +140,16 @@ class Controller:
             PREFIX + "b_se": b_se,
             PREFIX + "entropy_step_ratio": decision.coefficient * norm / step_norm if step_norm > 0 else math.nan,
         }
+
+    def _react(self, h: float, a: float, b: float, band: Band) -> Decision:
+        """The reactive anchor (``rule.reactive_coefficient``): the coefficient from the entropy measured, the
+        forecast's ``a`` and ``b`` only logged beside it (``predicted_after``: what the forecast says it will do)."""
+        s = self.settings
+        applied, self._reactive_coefficient = reactive_coefficient(
+            h, self._reactive_coefficient, self._last_h, band, s.coefficient_step, s.max_coefficient
+        )
+        self._last_h = h
+        return Decision(applied, h + a, h + a + applied * b, fallback=False)
 
     def realised(
         self, after: tuple[torch.Tensor, torch.Tensor], sum_over_ranks: Callable[[torch.Tensor], torch.Tensor]

@@ -121,3 +121,30 @@ def choose_coefficient(
         return Decision(held, before, before + held * b, fallback=True)
     coefficient = min(max((band.target - before) / (b + z * b_se), 0.0), max_coefficient)
     return Decision(coefficient, before, before + coefficient * b, fallback=False)
+
+
+def reactive_coefficient(
+    h: float, coefficient: float, last_h: float, band: Band, step: float, max_coefficient: float
+) -> tuple[float, float]:
+    """TRL's adaptive entropy coefficient (``GRPOTrainer``'s ``use_adaptive_entropy``, from Skywork-OR1), written
+    here from its description, once per update with the band's centre as its ``entropy_target``: the anchor that
+    reacts to the entropy already measured, where :func:`choose_coefficient` decides from the forecast.
+
+    The coefficient applied now is the current one if the previous update's entropy ``last_h`` was at or below the
+    target (``inf`` before the first: nothing applied), else 0; then the coefficient moves by ``step`` toward more
+    entropy while this update's ``h`` is at or below the target, toward less otherwise, within
+    ``[0, max_coefficient]``.
+
+    Returns:
+        ``(applied, next_coefficient)``.
+    """
+    for name, value in {"h": h, "coefficient": coefficient, "step": step}.items():
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be finite, got {value!r}")
+    if step <= 0 or coefficient < 0 or max_coefficient < 0:
+        raise ValueError(
+            f"step must be > 0, coefficient and max_coefficient >= 0: {step}, {coefficient}, {max_coefficient}"
+        )
+    applied = coefficient if last_h <= band.target else 0.0
+    moved = coefficient + step if h <= band.target else coefficient - step
+    return applied, min(max(moved, 0.0), max_coefficient)

@@ -13,6 +13,12 @@ Keys (nats per token for entropies):
                                on a loss term, the step taken by the optimizer's own preconditioner
                                (``adam_sensitivity.py``)
     z: float >= 0              standard errors that make a sign or the band's width resolved (2.0; ``rule.py``)
+    rule: str                  ``forecast`` (default: the coefficient solved from the forecast, ``rule.py``) or
+                               ``reactive``: TRL's adaptive entropy coefficient (Skywork-OR1; ``rule.reactive``),
+                               the anchor of issue 46's study, through the same entropy step
+    coefficient_step: float    ``reactive`` only: the coefficient's change per update (> 0; TRL's
+                               ``entropy_coef_delta``, 0.005), up while E's entropy is at or below the band's
+                               centre, down otherwise, within ``[0, max_coefficient]``
 
 The section runs only with the forecast (``custom.entropy_forecast``, central differences: ``method`` auto in
 float32 or ``central_difference``): it decides at the forecast's first optimizer step of each forecast update. An
@@ -30,7 +36,8 @@ from treetune_verl.config.keys import check_known_keys, plain
 from treetune_verl.rollout.rollout_config import read_key
 
 SECTION = "actor_rollout_ref.rollout.custom.entropy_control"
-KEYS = ("target", "target_fraction", "width", "max_coefficient", "z")
+KEYS = ("target", "target_fraction", "width", "max_coefficient", "z", "rule", "coefficient_step")
+RULES = ("forecast", "reactive")
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,8 @@ class ControlSettings:
     target_fraction: float | None = None
     max_coefficient: float = 1.0
     z: float = 2.0
+    rule: str = "forecast"
+    coefficient_step: float | None = None  # reactive only
 
 
 def _number(section: Mapping, key: str, default: float | None) -> float | None:
@@ -89,4 +98,12 @@ def control_settings(rollout_config: Any) -> ControlSettings | None:
     z = _number(section, "z", 2.0)
     if z < 0:
         raise ValueError(f"{SECTION}.z must be >= 0, got {z}")
-    return ControlSettings(width, target, fraction, max_coefficient, z)
+    rule = section.get("rule", "forecast")
+    if rule not in RULES:
+        raise ValueError(f"{SECTION}.rule must be one of {list(RULES)}, got {rule!r}")
+    coefficient_step = _number(section, "coefficient_step", 0.005 if rule == "reactive" else None)
+    if rule != "reactive" and coefficient_step is not None:
+        raise ValueError(f"{SECTION}.coefficient_step is the reactive rule's (rule=reactive), got rule={rule!r}")
+    if coefficient_step is not None and coefficient_step <= 0:
+        raise ValueError(f"{SECTION}.coefficient_step must be > 0, got {coefficient_step}")
+    return ControlSettings(width, target, fraction, max_coefficient, z, rule, coefficient_step)

@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch.func import grad, jvp
 
-from treetune_verl.control.rule import Band, choose_coefficient
+from treetune_verl.control.rule import Band, choose_coefficient, reactive_coefficient
 
 V = 3
 REWARD = torch.tensor([[0.0, 0.2, 1.0], [0.0, 0.0, 1.0], [0.1, 0.0, 1.0]], dtype=torch.float64)  # r(y1, y2)
@@ -169,3 +169,34 @@ def test_bad_input_is_refused_by_name(kwargs, message):
 def test_a_band_outside_the_entropys_range_is_refused(target, width):
     with pytest.raises(ValueError, match="band"):
         Band(target, width)
+
+
+def test_the_reactive_rule_is_trls_step_by_step():
+    """TRL's adaptive coefficient, counted by hand: applied if the previous update's entropy was at or below the
+    target (none before the first), then up by the step at or below it, down above it, within [0, 0.25]."""
+    band = Band(1.0, 0.4)
+    entropies = [1.2, 0.9, 0.8, 0.95, 1.1, 1.05]
+    expected = [(0.0, 0.0), (0.0, 0.1), (0.1, 0.2), (0.2, 0.25), (0.25, 0.15), (0.0, 0.05)]
+    coefficient, last_h, got = 0.0, math.inf, []
+    for h in entropies:
+        applied, coefficient = reactive_coefficient(h, coefficient, last_h, band, step=0.1, max_coefficient=0.25)
+        got.append((applied, coefficient))
+        last_h = h
+    assert [value for pair in got for value in pair] == pytest.approx([value for pair in expected for value in pair])
+    with pytest.raises(ValueError, match="step must be > 0"):
+        reactive_coefficient(1.0, 0.0, math.inf, band, step=0.0, max_coefficient=1.0)
+    with pytest.raises(ValueError, match="h must be finite"):
+        reactive_coefficient(math.nan, 0.0, math.inf, band, step=0.1, max_coefficient=1.0)
+
+
+def test_the_controller_keeps_the_reactive_rules_state_across_updates():
+    """The controller's reactive branch (``Controller._react``): the coefficient and the last entropy carried from one
+    update to the next; the forecast's a and b only logged (predicted_after)."""
+    from treetune_verl.control.controller import Controller
+    from treetune_verl.control.settings import ControlSettings
+
+    controller = Controller(ControlSettings(0.4, target=1.0, rule="reactive", coefficient_step=0.1))
+    band = Band(1.0, 0.4)
+    first, second = controller._react(0.9, -0.05, 2.0, band), controller._react(0.85, -0.05, 2.0, band)
+    assert first.coefficient == 0.0 and second.coefficient == pytest.approx(0.1) and not second.fallback
+    assert second.predicted_before == pytest.approx(0.8) and second.predicted_after == pytest.approx(1.0)

@@ -25,6 +25,11 @@ def test_read_with_defaults_and_off_when_absent():
     assert control_settings(_rollout({"target": 1.2, "width": 0.4})) == ControlSettings(0.4, target=1.2)
     got = control_settings(_rollout({"target_fraction": 0.8, "width": 0.5, "max_coefficient": 3, "z": 1}))
     assert got == ControlSettings(0.5, target_fraction=0.8, max_coefficient=3.0, z=1.0)
+    # the reactive anchor: TRL's step per update unless given
+    reactive = control_settings(_rollout({"target": 1.0, "width": 0.4, "rule": "reactive"}))
+    assert (reactive.rule, reactive.coefficient_step) == ("reactive", 0.005)
+    given = control_settings(_rollout({"target": 1.0, "width": 0.4, "rule": "reactive", "coefficient_step": 0.02}))
+    assert given.coefficient_step == 0.02
 
 
 BAD = [
@@ -39,6 +44,9 @@ BAD = [
     ({"target": 1.0, "width": 0.4, "z": -1}, FORECAST, "z must be >= 0"),
     ({"target": "1.0", "width": 0.4}, FORECAST, "target must be a finite number"),
     ({"target": 1.0, "width": 0.4, "widht": 0.3}, FORECAST, "widht: unknown key; did you mean 'width'"),
+    ({"target": 1.0, "width": 0.4, "rule": "pid"}, FORECAST, r"rule must be one of \['forecast', 'reactive'\]"),
+    ({"target": 1.0, "width": 0.4, "coefficient_step": 0.01}, FORECAST, "coefficient_step is the reactive rule's"),
+    ({"target": 1.0, "width": 0.4, "rule": "reactive", "coefficient_step": 0}, FORECAST, "coefficient_step must be"),
 ]
 
 
