@@ -18,6 +18,9 @@ whole step, every order: not a prediction), with the paired standard error over 
 With more than one optimizer step in the update the later ones are verl's alone (decided at the first; the next
 forecast sees their effect).
 
+The band is on the entropy the policy samples, the forecast at E's fixed states: before the rule, ``a`` and ``b`` are
+scaled by the on-policy gain κ the run's own updates measured (``on_policy_gain.py``; 1 until they say more).
+
 With ``rule: reactive`` (issue 46's anchor) the decision is TRL's adaptive coefficient from the entropy measured
 (``rule.reactive_coefficient``), through the same entropy step: the study compares the two rules on one actuator.
 
@@ -34,6 +37,7 @@ from typing import Any
 import torch
 
 from treetune_verl.control.adam_sensitivity import step_sensitivity
+from treetune_verl.control.on_policy_gain import OnPolicyGain
 from treetune_verl.control.rule import Band, Decision, choose_coefficient, reactive_coefficient
 from treetune_verl.control.sensitivity import measure, secant
 from treetune_verl.control.settings import ControlSettings, control_settings
@@ -57,6 +61,7 @@ class Controller:
         self.moved = False
         # the reactive rule's state (settings.rule == "reactive"): its coefficient and the previous update's entropy
         self._reactive_coefficient, self._last_h = 0.0, math.inf
+        self.gain = OnPolicyGain()  # the forecast rule's κ, measured on the run's own updates
         self._k: dict[torch.Tensor, torch.Tensor] | None = None
         self._held_out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._predicted_change = 0.0
@@ -94,14 +99,16 @@ class Controller:
         held_out = (torch.arange(token.tokens.numel()) // G) % 2 == 1
         self._held_out = (held_out, token.tokens[held_out], (token.h_before + token.first_step)[held_out])
         band = self._band(h)
+        self.gain.observe(h)
+        kappa = self.gain.gain  # the fixed-state forecast scaled to the entropy the policy will sample
 
         def decide(b: float, b_se: float) -> Decision:
             return choose_coefficient(
                 h,
-                a,
-                a_se if math.isfinite(a_se) else UNRESOLVED,
-                b,
-                b_se if math.isfinite(b_se) else UNRESOLVED,
+                kappa * a,
+                kappa * a_se if math.isfinite(a_se) else UNRESOLVED,
+                kappa * b,
+                kappa * b_se if math.isfinite(b_se) else UNRESOLVED,
                 band,
                 self.settings.max_coefficient,
                 self.previous,
@@ -127,7 +134,8 @@ class Controller:
             weights.restore()  # θ′ unless the step was kept
         self.previous = decision.coefficient
         self._k = None
-        self._predicted_change = decision.coefficient * b
+        self._predicted_change = decision.coefficient * b  # at E's fixed states: what the held-out half measures
+        self.gain.predicted(h, a + self._predicted_change)
         norm = sensitivity.norm
         return {
             **decision.metrics(band),
@@ -139,6 +147,8 @@ class Controller:
             PREFIX + "b": b,  # what the decision used: the secant over the step when the rule acts, else the slope
             PREFIX + "b_se": b_se,
             PREFIX + "entropy_step_ratio": decision.coefficient * norm / step_norm if step_norm > 0 else math.nan,
+            PREFIX + "on_policy_gain": kappa,  # κ: predicted_before / _after are H + κ a (+ κ c b)
+            PREFIX + "on_policy_pairs": float(self.gain.pairs),
         }
 
     def _react(self, h: float, a: float, b: float, band: Band) -> Decision:
