@@ -6,8 +6,8 @@ the script's arguments.
 ``E2E_FORECAST=k`` writes ``+treetune_forecast=entropy_forecast`` (every k steps) and the actor entry point; the script
 checks that every step logs ``probe/deltaH1/{naive,rb_residual}``, ``probe/deltaH_realised`` (and the first step's),
 ``timing_s/probe`` and ``probe/cost_ratio``, finite (``check_metrics --forecast-every``), and writes
-``entropy_forecast.png``. The GRPO run that trains with it every step is the all-features run
-(``test_e2e_all_features_on_cpu.py``), which re-reads them.
+``entropy_forecast.png``. The GRPO run that trains with it every step is the variants' full / resume
+pair (``test_e2e_variants_on_cpu.py``, both stacks), which re-reads them.
 """
 
 from __future__ import annotations

@@ -6,9 +6,8 @@ script's arguments.
 ``E2E_PG_TOKEN_QUANTILE=0.2`` writes ``actor_rollout_ref.rollout.custom.entropy.pg_token_quantile=0.2``: the policy
 gradient only at the top 20 % of the batch's response tokens by rollout entropy, no extra forward pass; the script
 checks every step (``check_metrics --pg-token-quantile 0.2``: kept share in [0.2, 0.25], threshold logged, kept tokens
-more uncertain than dropped ones). The GRPO run that trains with it is the all-features run on verl 0.7.1
-(``test_e2e_all_features_on_cpu.py``, which re-reads the kept share and the threshold of every step) and
-the full / resume runs of ``test_e2e_variants_on_cpu.py`` on verl 0.9.1.
+more uncertain than dropped ones). The GRPO run that trains with it is the full / resume pair of
+``test_e2e_variants_on_cpu.py`` on both stacks, with the other features on.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Over-sampling with abort in verl's own GRPO trainer on CPU (``E2E_OVER_SAMPLE`` of ``test_entropy_e2e.sh``): the
 script's arguments, and the GRPO run with carry-over (``E2E_CARRY_OVER=1``), both stacks. The GRPO run of plain
-over-sampling is the run with every feature on: ``test_e2e_all_features_on_cpu.py`` (verl 0.7.1) and the full /
-resume runs of ``test_e2e_variants_on_cpu.py`` (verl 0.9.1), which make the checks below.
+over-sampling is the run with every feature on: the full / resume runs of ``test_e2e_variants_on_cpu.py`` (both
+stacks), which make the checks below.
 
 The tiny e2e run (4 prompts x n = 2 = 8 rows per step) with ``actor_rollout_ref.rollout.over_sample_rate=0.25``,
 ``algorithm.adv_estimator=grpo_valid`` and ``actor_rollout_ref.model.external_lib=treetune_verl.verl.process_setup``,

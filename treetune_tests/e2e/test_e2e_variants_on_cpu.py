@@ -5,11 +5,13 @@ own trainer on CPU (verl 0.7.1's ``RayPPOTrainer``; on the current stack verl 0.
 reference model and the KL loss, validation before training and after every step, a checkpoint at step 1, and a
 second run that resumes it and trains step 2. The full run is also each stack's plain check of the block (what
 ``make e2e`` runs on one process): every step's rollout entropy against the actor's of the same tokens, every row
-from our loop, our classes in the log; on verl 0.9.1 both runs also over-sample with abort (``over_sample_rate=0.25``:
-1 of 4 groups aborted at every step, through our replay buffer), train on forking tokens and forecast the entropy
-change of every update: every feature at once there, at 2 ranks with validation, checkpoint and resume (its only GRPO
-runs of plain over-sampling, forking tokens and the forecast; on verl 0.7.1 ``test_e2e_all_features_on_cpu.py`` has
-them).
+from our loop, our classes in the log. On both stacks both runs also over-sample with abort
+(``over_sample_rate=0.25``: 1 of 4 groups aborted at every step; on verl 0.9.1 through our replay buffer), train on
+forking tokens and forecast the entropy change of every update: every feature at once, at 2 ranks with validation,
+checkpoint and resume. These are each stack's GRPO runs of plain over-sampling, forking tokens and the forecast (on
+verl 0.7.1 they were a run of their own, ``test_e2e_all_features_on_cpu.py``, until its checks moved here: one
+row per actor micro-batch there as here, so that an aborted row, which verl 0.7.1 keeps in its batch as an empty
+response, is a micro-batch of its own: the loss fix's hardest case).
 
 The slow test runs both (about 5-7 minutes on 2 shared cores; outputs ``outputs/e2e-test-full/verl-<version>/`` and
 ``outputs/e2e-test-resume/verl-<version>/``); the script checks the metrics itself (``check_metrics --kl --val``, and for the resume
@@ -55,17 +57,19 @@ BLOCK_EXTRA = ["actor_rollout_ref.model.external_lib=treetune_verl.verl.process_
 # The agent-loop worker class in the log: ours on both stacks (on verl 0.9.1 a subclass of verl's TransferQueue worker,
 # verl/v0_9_1/session_rows_worker.py).
 WORKER_CLASS = "EntropyAgentLoopWorkerTQ" if CURRENT else "EntropyAgentLoopWorker"
-# In verl 0.9.1's runs also over-sampling with abort (1 of the 4 groups aborted at every step: check_metrics
-# --aborted-ratio 0.25), forking tokens (the top 20 % of tokens by rollout entropy carry the policy gradient) and the
-# live forecast every step in the engine worker's actor, over its 2 ranks (the script checks its probe/* metrics:
-# check_metrics --forecast-every 1); on verl 0.7.1 test_e2e_all_features_on_cpu.py runs them.
-PG_TOKEN_QUANTILE = 0.2 if CURRENT else None
-ABORTED_RATIO = 0.25 if CURRENT else None
-CURRENT_ENV = (
-    {"E2E_OVER_SAMPLE": str(ABORTED_RATIO), "E2E_PG_TOKEN_QUANTILE": str(PG_TOKEN_QUANTILE), "E2E_FORECAST": "1"}
-    if CURRENT
-    else {}
-)
+# Both runs also over-sample with abort (1 of the 4 groups aborted at every step: check_metrics --aborted-ratio 0.25),
+# train on forking tokens (the top 20 % of tokens by rollout entropy carry the policy gradient) and forecast every step
+# in the actor, over its 2 ranks (the script checks its probe/* metrics: check_metrics --forecast-every 1).
+PG_TOKEN_QUANTILE = 0.2
+ABORTED_RATIO = 0.25
+FEATURES_ENV = {
+    "E2E_OVER_SAMPLE": str(ABORTED_RATIO),
+    "E2E_PG_TOKEN_QUANTILE": str(PG_TOKEN_QUANTILE),
+    "E2E_FORECAST": "1",
+}
+# verl 0.7.1 keeps an aborted row in its batch (an empty response): one row per micro-batch makes it a micro-batch of
+# its own, the loss fix's hardest case. verl 0.9.1's aborted groups never reach its batch.
+FEATURES_ARGS = () if CURRENT else ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",)
 
 
 def _compose(overrides: list[str]):
@@ -146,25 +150,32 @@ def test_resume_refuses_without_a_saved_run_or_in_place(tiny_model_dir, tmp_path
     assert unknown.returncode == 2 and "E2E_VARIANT must be" in unknown.stderr
 
 
-def _check_rollout_eval(metrics: dict) -> None:
-    """verl 0.9.1: the forecast's E sampled by the rollout's servers beside the step's rows, none in the actor: half
-    of the step's 4 prompts (eval_share 0.5), one per rank."""
-    if CURRENT:
-        assert metrics["probe/sample_s"] == 0 and metrics["probe/eval_prompts"] == 2
-        assert metrics["probe/eval_gen_s"] > 0 and 0 < metrics["probe/eval_gen_token_share"] < 1
+def _check_forecast(metrics: dict) -> None:
+    """The forecast's E sampled by the rollout's servers beside the step's rows, none in the actor: half of the step's
+    4 prompts (eval_share 0.5); the forecast saw the update's one optimizer step, so the update's realised change is
+    the first step's."""
+    assert metrics["probe/sample_s"] == 0 and metrics["probe/eval_prompts"] == 2
+    assert metrics["probe/eval_gen_s"] > 0 and 0 < metrics["probe/eval_gen_token_share"] < 1
+    assert metrics["probe/optimizer_steps"] == 1
+    assert metrics["probe/deltaH_realised_first_step"] == metrics["probe/deltaH_realised"]
+    assert metrics["timing_s/probe"] > 0 and metrics["probe/step_norm"] > 0
 
 
 def _check_over_sampling(metrics: dict) -> None:
-    """verl 0.9.1: 1 of the 4 groups aborted (2 of 8 rows), never in verl's batch (verl's count of empty responses 0;
-    the 6 kept rows are padded to 8 by verl itself, 4 per rank)."""
+    """1 of the 4 groups aborted (2 of 8 rows). verl 0.9.1: never in verl's batch (verl's count of empty responses 0;
+    the 6 kept rows are padded to 8 by verl itself, 4 per rank). verl 0.7.1: in its batch as empty responses (verl's
+    count 0.25), scored 0 in our aborted-as-zero mean, below the completed rows' mean."""
+    assert metrics["rollout/aborted_rows"] == 2 and metrics["rollout/aborted_ratio"] == 0.25
     if CURRENT:
-        assert metrics["rollout/aborted_groups"] == 1 and metrics["rollout/aborted_rows"] == 2
-        assert metrics["rollout/aborted_ratio"] == 0.25 and metrics["response/aborted_ratio"] == 0
+        assert metrics["rollout/aborted_groups"] == 1 and metrics["response/aborted_ratio"] == 0
+    else:
+        assert metrics["response/aborted_ratio"] == 0.25
+        assert metrics["rollout/score/aborted_as_zero_mean"] <= metrics["rollout/score/completed_mean"]
 
 
 def _run_variant(variant: str, workdir: Path, **env: str) -> subprocess.CompletedProcess:
-    env = {"E2E_MODEL": "tiny", "E2E_VARIANT": variant, "E2E_WORKDIR": str(workdir), **CURRENT_ENV, **env}
-    return run_training(env, timeout=1200)  # exit 0, nothing of the trainer's session left
+    env = {"E2E_MODEL": "tiny", "E2E_VARIANT": variant, "E2E_WORKDIR": str(workdir), **FEATURES_ENV, **env}
+    return run_training(env, *FEATURES_ARGS, timeout=1200)  # exit 0, nothing of the trainer's session left
 
 
 @pytest.mark.slow
@@ -176,7 +187,12 @@ def test_two_processes_kl_validation_checkpoint_then_resume():
     assert "OK: 1 step(s)" in result.stdout
     steps = read_steps(FULL / "metrics.jsonl")
     assert [(m["step"], is_validation_only(m)) for m in steps] == [(0, True), (1, False)]
-    bounds = {"max_entropy_diff": 1e-3, "pg_token_quantile": PG_TOKEN_QUANTILE, "aborted_ratio": ABORTED_RATIO}
+    bounds = {
+        "max_entropy_diff": 1e-3,
+        "pg_token_quantile": PG_TOKEN_QUANTILE,
+        "aborted_ratio": ABORTED_RATIO,
+        "forecast_every": 1,
+    }
     assert check(steps, 1, 1e-3, 0.999, first_step=1, kl=True, val=True, **bounds) == []
     saved = steps[1]
     assert saved[KL_LOSS] == pytest.approx(0.0, abs=1e-6)  # the actor starts as the reference model
@@ -184,8 +200,9 @@ def test_two_processes_kl_validation_checkpoint_then_resume():
     # the entropy loop, and no token's entropy is far from the actor's (fp32 on both sides)
     assert saved["timing_s/agent_loop/rollout_entropy/rows_without_entropy"] == 0
     assert saved["rollout_entropy/actor_abs_diff/max"] <= 1e-2
-    _check_rollout_eval(saved)
+    _check_forecast(saved)
     _check_over_sampling(saved)
+    assert (FULL / "entropy_forecast.png").read_bytes()[:4] == b"\x89PNG"
     log = (FULL / "train.log").read_text()
     assert "EntropySGLangHttpServer" in log and WORKER_CLASS in log
     assert {int(r) for r in re.findall(r"SGLang http server: .*replica_rank=(\d+)", log)} == {0, 1}
@@ -223,7 +240,7 @@ def test_two_processes_kl_validation_checkpoint_then_resume():
     assert {k for k in resumed if "rollout_entropy" in k} == entropy_keys and ENTROPY_MEAN in entropy_keys
     assert math.isfinite(resumed[PG_LOSS]) and resumed[ENTROPY_MEAN] > 0
     assert resumed[PROBS_DIFF] <= 1e-3 and resumed[PEARSON] >= 0.999
-    _check_rollout_eval(resumed)
+    _check_forecast(resumed)
     _check_over_sampling(resumed)
     summary = json.loads((RESUME / "summary.json").read_text())
     assert [row["step"] for row in summary] == [1, 2]

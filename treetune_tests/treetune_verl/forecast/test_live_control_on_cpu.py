@@ -45,6 +45,7 @@ from treetune_tests.treetune_verl.forecast.test_live_forecast_on_cpu import (
 )
 from treetune_verl.batch_keys import FORECAST_EVAL_META_KEY
 from treetune_verl.control.controller import Controller
+from treetune_verl.control.on_policy_gain import PRIOR_GAIN
 from treetune_verl.control.settings import ControlSettings
 from treetune_verl.forecast.live import ForecastRun, ForecastState
 from treetune_verl.patching import original_of
@@ -118,7 +119,10 @@ def test_the_controlled_update_lands_where_the_rule_put_it(tmp_path, world):
         [(k, v) for k, v in m.items() if k.startswith("control/")]
     )
     assert m["control/H_before"] == pytest.approx(h_before, abs=1e-5)
-    assert m["control/predicted_before"] == pytest.approx(h_plain, abs=1e-5)  # measured at θ′, not predicted
+    # verl's step measured at θ′ (not predicted), scaled by the on-policy gain: its prior at a run's first update
+    kappa = m["control/on_policy_gain"]
+    assert kappa == PRIOR_GAIN and m["control/on_policy_pairs"] == 0
+    assert m["control/predicted_before"] == pytest.approx(h_before + kappa * (h_plain - h_before), abs=1e-5)
     assert all(other["control/coefficient"] == c for other in metrics[1:]), "the ranks decided differently"
 
     # the held-out half (each rank's odd prompts of E), where b was measured: the controller's step moved it by c·b
@@ -135,7 +139,7 @@ def test_the_controlled_update_lands_where_the_rule_put_it(tmp_path, world):
         m["control/entropy_step_ratio"],
         m["control/b_se"],
     )
-    assert m["control/predicted_after"] == pytest.approx(m["control/predicted_before"] + predicted, rel=1e-12)
+    assert m["control/predicted_after"] == pytest.approx(m["control/predicted_before"] + kappa * predicted, rel=1e-12)
     # aimed at the centre with b's upper bound b + z·b_se (b_se is large on this E): short of it, never past it
     assert m["control/predicted_before"] < m["control/predicted_after"] <= target
     # its cost: the controller's own seconds, inside the forecast's, over the update's with the forecast

@@ -8,7 +8,7 @@ each feature's switches or overrides, in the order the script writes them), comp
 ``migrate_legacy_reward_impl`` and ``validate_config`` (as ``main_ppo`` / ``TaskRunner.run``), verl's rollout dataclass
 (what every worker builds), our manager's refusals (``check_rollout_config``) and the trainer-side entry point's
 (``features.check_features``). Starting Ray, the engine and the FSDP workers for each of the 15 combinations would
-take half an hour of CI; the run with every feature at once is the e2e ``test_e2e_all_features_on_cpu.py``, and the
+take half an hour of CI; the run with every feature at once is the e2e variants' full / resume pair (``test_e2e_variants_on_cpu.py``), and the
 actor entry point's import in a worker process is ``ppo/test_loss_aggregation_on_cpu.py``'s subprocess test.
 """
 
