@@ -102,7 +102,7 @@ class Controller:
         self.gain.observe(h)
         kappa = self.gain.gain  # the fixed-state forecast scaled to the entropy the policy will sample
 
-        def decide(b: float, b_se: float) -> Decision:
+        def decide(b: float, b_se: float, bound: float) -> Decision:
             return choose_coefficient(
                 h,
                 kappa * a,
@@ -110,7 +110,7 @@ class Controller:
                 kappa * b,
                 kappa * b_se if math.isfinite(b_se) else UNRESOLVED,
                 band,
-                self.settings.max_coefficient,
+                bound,
                 self.previous,
                 self.settings.z,
             )
@@ -119,13 +119,15 @@ class Controller:
         try:
             sensitivity = measure(components, E, mb_size_prompts, self._k, weights, step_norm, sum_over_ranks)
             b, b_se = sensitivity.b, sensitivity.b_se
-            decision = decide(b, b_se) if self.settings.rule == "forecast" else self._react(h, a, b, band)
+            # the trust region: the controller's step at most max_step_ratio of verl's (settings.py)
+            bound = min(self.settings.max_coefficient, self._step_bound(sensitivity.norm, step_norm))
+            decision = decide(b, b_se, bound) if self.settings.rule == "forecast" else self._react(h, a, b, band, bound)
             if decision.coefficient > 0 and self.settings.rule == "forecast":
                 # the rule's step measured whole: the secant over it, then the rule again
                 at_prime = (self._held_out[1], self._held_out[2])
                 args = (components, E, mb_size_prompts, sensitivity.entropy_step, decision.coefficient, weights)
                 b, b_se = secant(*args, at_prime, sum_over_ranks)
-                decision = decide(b, b_se)
+                decision = decide(b, b_se, bound)
             if decision.coefficient > 0:  # θ′ + c · Δθ_H written from the copy of θ′, and kept
                 weights.displace(sensitivity.entropy_step, decision.coefficient)
                 weights.keep()
@@ -147,18 +149,28 @@ class Controller:
             PREFIX + "b": b,  # what the decision used: the secant over the step when the rule acts, else the slope
             PREFIX + "b_se": b_se,
             PREFIX + "entropy_step_ratio": decision.coefficient * norm / step_norm if step_norm > 0 else math.nan,
+            PREFIX + "coefficient_bound": bound,  # max_coefficient, or the trust region's when smaller
             PREFIX + "on_policy_gain": kappa,  # κ: predicted_before / _after are H + κ a (+ κ c b)
             PREFIX + "on_policy_pairs": float(self.gain.pairs),
         }
 
-    def _react(self, h: float, a: float, b: float, band: Band) -> Decision:
+    def _step_bound(self, entropy_step_norm: float, step_norm: float) -> float:
+        """The largest coefficient whose step ``c · Δθ_H`` is at most ``max_step_ratio`` of verl's ``Δθ`` (norms over
+        the ranks); 0 when the entropy's step is zero or not finite."""
+        if not (math.isfinite(entropy_step_norm) and entropy_step_norm > 0 and math.isfinite(step_norm)):
+            return 0.0
+        return self.settings.max_step_ratio * step_norm / entropy_step_norm
+
+    def _react(self, h: float, a: float, b: float, band: Band, bound: float) -> Decision:
         """The reactive anchor (``rule.reactive_coefficient``): the coefficient from the entropy measured, the
-        forecast's ``a`` and ``b`` only logged beside it (``predicted_after``: what the forecast says it will do)."""
+        forecast's ``a`` and ``b`` only logged beside it (``predicted_after``: what the forecast says it will do);
+        the trust region's ``bound`` caps what is applied, as for the forecast rule (one actuator, one limit)."""
         s = self.settings
         applied, self._reactive_coefficient = reactive_coefficient(
             h, self._reactive_coefficient, self._last_h, band, s.coefficient_step, s.max_coefficient
         )
         self._last_h = h
+        applied = min(applied, bound)
         return Decision(applied, h + a, h + a + applied * b, fallback=False)
 
     def realised(

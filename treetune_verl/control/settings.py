@@ -13,6 +13,10 @@ Keys (nats per token for entropies):
                                on a loss term, the step taken by the optimizer's own preconditioner
                                (``adam_sensitivity.py``)
     z: float >= 0              standard errors that make a sign or the band's width resolved (2.0; ``rule.py``)
+    max_step_ratio: float      the controller's step at most this share of verl's own step (> 0; 1.0):
+                               ``c · ‖Δθ_H‖ ≤ max_step_ratio · ‖Δθ‖``, the region where the forecast's first order was
+                               measured (verl's own steps); larger steps preceded the collapse the controller caused
+                               on its second SmolLM2 run (2.9x and 6.7x verl's)
     rule: str                  ``forecast`` (default: the coefficient solved from the forecast, ``rule.py``) or
                                ``reactive``: TRL's adaptive entropy coefficient (Skywork-OR1; ``rule.reactive``),
                                the anchor of issue 46's study, through the same entropy step
@@ -36,7 +40,7 @@ from treetune_verl.config.keys import check_known_keys, plain
 from treetune_verl.rollout.rollout_config import read_key
 
 SECTION = "actor_rollout_ref.rollout.custom.entropy_control"
-KEYS = ("target", "target_fraction", "width", "max_coefficient", "z", "rule", "coefficient_step")
+KEYS = ("target", "target_fraction", "width", "max_coefficient", "z", "max_step_ratio", "rule", "coefficient_step")
 RULES = ("forecast", "reactive")
 
 
@@ -49,6 +53,7 @@ class ControlSettings:
     target_fraction: float | None = None
     max_coefficient: float = 1.0
     z: float = 2.0
+    max_step_ratio: float = 1.0
     rule: str = "forecast"
     coefficient_step: float | None = None  # reactive only
 
@@ -98,6 +103,9 @@ def control_settings(rollout_config: Any) -> ControlSettings | None:
     z = _number(section, "z", 2.0)
     if z < 0:
         raise ValueError(f"{SECTION}.z must be >= 0, got {z}")
+    max_step_ratio = _number(section, "max_step_ratio", 1.0)
+    if max_step_ratio <= 0:
+        raise ValueError(f"{SECTION}.max_step_ratio must be > 0, got {max_step_ratio}")
     rule = section.get("rule", "forecast")
     if rule not in RULES:
         raise ValueError(f"{SECTION}.rule must be one of {list(RULES)}, got {rule!r}")
@@ -106,4 +114,4 @@ def control_settings(rollout_config: Any) -> ControlSettings | None:
         raise ValueError(f"{SECTION}.coefficient_step is the reactive rule's (rule=reactive), got rule={rule!r}")
     if coefficient_step is not None and coefficient_step <= 0:
         raise ValueError(f"{SECTION}.coefficient_step must be > 0, got {coefficient_step}")
-    return ControlSettings(width, target, fraction, max_coefficient, z, rule, coefficient_step)
+    return ControlSettings(width, target, fraction, max_coefficient, z, max_step_ratio, rule, coefficient_step)

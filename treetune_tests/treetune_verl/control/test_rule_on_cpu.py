@@ -124,6 +124,11 @@ def test_falls_back_to_the_previous_coefficient_when_the_forecast_cannot_tell():
     # a sensitivity of the wrong sign (noise) never gives a negative or huge coefficient
     wrong_sign = choose_coefficient(1.0, -0.2, 0.0, -0.05, 0.01, band, max_coefficient=10.0, previous=0.0)
     assert wrong_sign.fallback and wrong_sign.coefficient == 0.0
+    # nor is a previous coefficient held once the step is measured to lower the entropy (resolved or not): holding
+    # 0.19 at b = -4.5 ± 0.8 collapsed a SmolLM2 run
+    for b, b_se in ((-4.5, 0.8), (-0.2, 0.3), (0.0, 0.0)):
+        held = choose_coefficient(1.0, -0.2, 0.0, b, b_se, band, max_coefficient=10.0, previous=0.19)
+        assert held.fallback and held.coefficient == 0.0 and held.predicted_after == held.predicted_before
 
 
 def test_no_control_at_or_above_the_bands_centre_and_the_bound_holds():
@@ -197,6 +202,22 @@ def test_the_controller_keeps_the_reactive_rules_state_across_updates():
 
     controller = Controller(ControlSettings(0.4, target=1.0, rule="reactive", coefficient_step=0.1))
     band = Band(1.0, 0.4)
-    first, second = controller._react(0.9, -0.05, 2.0, band), controller._react(0.85, -0.05, 2.0, band)
+    first, second = controller._react(0.9, -0.05, 2.0, band, 1.0), controller._react(0.85, -0.05, 2.0, band, 1.0)
     assert first.coefficient == 0.0 and second.coefficient == pytest.approx(0.1) and not second.fallback
     assert second.predicted_before == pytest.approx(0.8) and second.predicted_after == pytest.approx(1.0)
+    assert controller._react(0.8, -0.05, 2.0, band, 0.05).coefficient == 0.05  # the trust region caps it too
+
+
+def test_the_trust_region_bounds_the_controllers_step_by_verls():
+    """``c · ‖Δθ_H‖ ≤ max_step_ratio · ‖Δθ‖``: the bound the controller hands the rule; none for a zero step."""
+    from treetune_verl.control.controller import Controller
+    from treetune_verl.control.settings import ControlSettings
+
+    controller = Controller(ControlSettings(0.4, target=1.0, max_step_ratio=0.5))
+    assert controller._step_bound(entropy_step_norm=4.0, step_norm=2.0) == pytest.approx(0.25)  # 0.25 * 4 = 0.5 * 2
+    assert controller._step_bound(0.0, 2.0) == 0.0 and controller._step_bound(math.nan, 2.0) == 0.0
+    # the rule under the bound: the centre's coefficient (2.0) capped, the fallback's held one too
+    band = Band(1.0, 0.2)
+    assert choose_coefficient(1.0, -0.2, 0.0, 0.1, 0.0, band, max_coefficient=0.25).coefficient == 0.25
+    held = choose_coefficient(1.0, -0.2, 0.0, 0.01, 0.01, band, max_coefficient=0.25, previous=0.7)
+    assert held.fallback and held.coefficient == 0.25

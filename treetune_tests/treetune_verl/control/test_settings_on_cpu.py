@@ -30,6 +30,8 @@ def test_read_with_defaults_and_off_when_absent():
     assert (reactive.rule, reactive.coefficient_step) == ("reactive", 0.005)
     given = control_settings(_rollout({"target": 1.0, "width": 0.4, "rule": "reactive", "coefficient_step": 0.02}))
     assert given.coefficient_step == 0.02
+    assert reactive.max_step_ratio == 1.0  # the trust region's default: verl's own step
+    assert control_settings(_rollout({"target": 1.0, "width": 0.4, "max_step_ratio": 2})).max_step_ratio == 2.0
 
 
 BAD = [
@@ -44,6 +46,7 @@ BAD = [
     ({"target": 1.0, "width": 0.4, "z": -1}, FORECAST, "z must be >= 0"),
     ({"target": "1.0", "width": 0.4}, FORECAST, "target must be a finite number"),
     ({"target": 1.0, "width": 0.4, "widht": 0.3}, FORECAST, "widht: unknown key; did you mean 'width'"),
+    ({"target": 1.0, "width": 0.4, "max_step_ratio": 0}, FORECAST, "max_step_ratio must be > 0"),
     ({"target": 1.0, "width": 0.4, "rule": "pid"}, FORECAST, r"rule must be one of \['forecast', 'reactive'\]"),
     ({"target": 1.0, "width": 0.4, "coefficient_step": 0.01}, FORECAST, "coefficient_step is the reactive rule's"),
     ({"target": 1.0, "width": 0.4, "rule": "reactive", "coefficient_step": 0}, FORECAST, "coefficient_step must be"),

@@ -69,7 +69,9 @@ def _run(rank: int, world: int, store: str, out_dir: str, target: float | None) 
         data.meta_info[FORECAST_EVAL_META_KEY] = _rollout_eval(_data(seed=2))
         state = ForecastState()
         if target is not None:
-            state.controller = Controller(ControlSettings(WIDTH, target=target, max_coefficient=100.0, z=Z))
+            # no trust region here (max_step_ratio 100): the secant is checked where the step is 15x verl's
+            settings = ControlSettings(WIDTH, target=target, max_coefficient=100.0, z=Z, max_step_ratio=100.0)
+            state.controller = Controller(settings)
         update = original_of(DataParallelPPOActor.update_policy)
         settings = dataclasses.replace(SETTINGS, method="central_difference")
         _, metrics = ForecastRun.from_dp_actor(actor, data, settings, state, N, [1]).around(lambda: update(actor, data))
