@@ -26,7 +26,7 @@ To first order the entropy after the update is ``H + a + c · b``. The rule (:fu
    prediction's error bar is wider than the band (``z · a_se > width / 2``): ``c`` stays at the previous update's
    (never raised on noise, never dropped while a collapse is being held), ``fallback = True``; with ``b ≤ 0`` it is
    0 (``fallback = True``): holding a step measured to lower the entropy is the collapse's own direction (on the
-   second controlled SmolLM2 run a held 0.19 with ``b = −4.5 ± 0.8`` took E's entropy from 1.30 to 0.30 nats, and the
+   third controlled SmolLM2 run a held 0.19 with ``b = −4.5 ± 0.8`` took E's entropy from 1.30 to 0.30 nats, and the
    run collapsed; spec "The first controlled runs").
 
 Shapes: scalars (one update, E pooled). Units: nats per token for ``H``, ``a``, ``b`` (per unit coefficient), the band.

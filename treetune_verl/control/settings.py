@@ -16,7 +16,7 @@ Keys (nats per token for entropies):
     max_step_ratio: float      the controller's step at most this share of verl's own step (> 0; 1.0):
                                ``c · ‖Δθ_H‖ ≤ max_step_ratio · ‖Δθ‖``, the region where the forecast's first order was
                                measured (verl's own steps); larger steps preceded the collapse the controller caused
-                               on its second SmolLM2 run (2.9x and 6.7x verl's)
+                               on its third SmolLM2 run (2.9x and 6.7x verl's)
     rule: str                  ``forecast`` (default: the coefficient solved from the forecast, ``rule.py``) or
                                ``reactive``: TRL's adaptive entropy coefficient (Skywork-OR1; ``rule.reactive``),
                                the anchor of issue 46's study, through the same entropy step

@@ -162,7 +162,8 @@ def _panels(runs: dict[str, list[Step]], out: Path, draw) -> Path:
 
 def plot_entropy(runs: dict[str, list[Step]], out: Path) -> Path:
     """:func:`draw_entropy`, one panel per arm."""
-    return _panels(runs, out, lambda ax, arm, run, i: draw_entropy(ax, arm, run, COLOURS[i % len(COLOURS)]))
+    colours = arm_colours(runs)
+    return _panels(runs, out, lambda ax, arm, run, i: draw_entropy(ax, arm, run, colours[i]))
 
 
 def plot_forecast(runs: dict[str, list[Step]], out: Path) -> Path:
