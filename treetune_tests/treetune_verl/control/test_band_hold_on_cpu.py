@@ -13,14 +13,15 @@ import pytest
 from treetune_verl.control import band_hold as bh
 from treetune_verl.forecast.calibration import read_run
 
-ENTROPY, REWARD = "timing_s/agent_loop/rollout_entropy/mean", "critic/score/mean"
+ENTROPY, REWARD, LENGTH = "timing_s/agent_loop/rollout_entropy/mean", "critic/score/mean", "response_length/mean"
 
 
 def _write(path, entropies, rewards, band=None, costs=None):
     with path.open("w") as f:
         f.write(json.dumps({"step": 0, "data": {"val-core/x/reward/mean@1": 0.5}}) + "\n")  # validation only: skipped
         for i, (h, r) in enumerate(zip(entropies, rewards, strict=True)):
-            data = {ENTROPY: h, REWARD: r, "actor/pg_loss": 0.1}
+            data = {ENTROPY: h, REWARD: r, LENGTH: 20.0 - 2 * i, "actor/pg_loss": 0.1}
+            data.update({"timing_s/probe": 3.0 + i, "timing_s/update_actor": 10.0})
             if band is not None:
                 data.update({"control/band_low": band[0], "control/band_high": band[1]})
             if costs is not None:
@@ -41,8 +42,10 @@ def test_band_hold_counts_the_steps_from_step_3_inside_the_band(tmp_path):
     assert (r.start, r.lowest) == (2.0, 0.9) and r.lowest_share == pytest.approx(0.45)
     assert r.final_reward == pytest.approx((0.3 + 0.4 + 0.5 + 0.6 + 0.7) / 5)
     assert r.control_cost_ratio == pytest.approx(0.2)  # the median of 0.3, 0.5, 0.4, 0.2 x 4
+    assert r.probe_over_update == pytest.approx(0.6)  # the median of 0.3, 0.4, ..., 0.9
+    assert r.length_start == 20.0 and r.final_length == pytest.approx((16 + 14 + 12 + 10 + 8) / 5)
     table = bh.markdown_table({"controlled": r}, 1.0, 1.8, 3)
-    assert "| controlled | 60% (3/5) | 0.20 | 2.00 → 0.900 (45%) | 0.500 | 0.20 |" in table
+    assert "| controlled | 60% (3/5) | 0.20 | 2.00 → 0.900 (45%) | 0.500 | 20.0 → 12.0 | 0.20 | 0.60 |" in table
 
 
 def test_an_arm_without_the_controller_is_judged_on_the_controlled_arms_band(tmp_path, capsys):
