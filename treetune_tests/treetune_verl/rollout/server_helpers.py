@@ -92,9 +92,26 @@ async def stop_server(server) -> None:
     if getattr(server, "_server_task", None) is not None:
         server._server_task.cancel()
         await asyncio.gather(server._server_task, return_exceptions=True)
+    await _cancel_tokenizer_manager_tasks(server)
     _stop_subprocess_watchdogs()
     kill_process_tree(os.getpid(), include_parent=False)
     _close_tokenizer_manager_sockets(server)
+
+
+async def _cancel_tokenizer_manager_tasks(server) -> None:
+    """Cancel and await the in-process TokenizerManager's loops (``asyncio_tasks``: ``handle_loop`` and its watchdogs,
+    sglang 0.5.6.post2 and 0.5.12) before its sockets are closed.
+
+    Each runs in sglang's ``print_exception_wrapper``, which answers any exception with ``kill_process_tree(os.getpid(),
+    include_parent=True)``: left running, ``handle_loop``'s next ``recv_pyobj`` on the closed socket raised
+    ``ZMQError: Socket operation on non-socket`` and SIGKILLed the test run (a fresh-clone CI's current suite, and 1
+    of 16 runs of ``test_server_abort_on_cpu.py`` here beside a CPU load). Cancelling is not an ``Exception``.
+    """
+    tokenizer_manager = getattr(server, "tokenizer_manager", None)
+    tasks = list(getattr(tokenizer_manager, "asyncio_tasks", ()))
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _close_tokenizer_manager_sockets(server) -> None:
