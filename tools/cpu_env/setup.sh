@@ -60,7 +60,8 @@ printf '%s\n%s\n' "$ROOT/tools/cpu_shims" \
 # Bytecode of every installed module, written once here. uv writes none, and on a machine that sets
 # PYTHONDONTWRITEBYTECODE=1 (this one does) every process then compiles sglang's, verl's, transformers' and Ray's
 # sources again at import: every Ray worker, sglang scheduler and detokenizer of every test and run. Measured on one
-# V1 standalone rollout test alone: 176 CPU-s (128 s) without, 83 CPU-s (64 s) with. compileall exits 1 on a file that
+# V1 standalone rollout test alone: 176 CPU-s (128 s) without, 83 CPU-s (64 s) with; one import of sglang or verl: ~2x
+# the CPU without (treetune_tests/e2e/bench_import_bytecode.py). compileall exits 1 on a file that
 # is not this Python's syntax (torch's testing/_internal/py312_intrinsics.py): its log is kept, and the check below
 # fails unless the packages that every process imports have their bytecode.
 echo "[setup] bytecode of the installed packages"
