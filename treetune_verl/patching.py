@@ -8,6 +8,10 @@ wraps, keeps the original on the replacement (``__treetune_original__``) so that
 :func:`restore` puts upstream back. :func:`swapped` is the same for an instance attribute set for the duration of
 one call (restored also on exceptions). The instances live with their side: ``treetune_verl.sglang.patching.SGLANG``
 and ``treetune_verl.verl_guard.VERL``. A shared leaf: imports nothing of the package.
+
+The one exception to wrapping is :class:`Replace`, through :meth:`Upstream.replace`: an attribute set to a value of
+ours where nothing of the original runs through it (a whole entry point, a second name of a class already wrapped,
+upstream data extended), checked first, idempotent and restorable the same way.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import contextlib
 import importlib
 import inspect
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +39,16 @@ def signature_mismatch(fn: Callable[..., Any], expected: Sequence[str]) -> tuple
     return None if found == tuple(expected) else found
 
 
+def takes(*params: str) -> Callable[[Any], str | None]:
+    """A :class:`Replace`'s ``expect`` for a callable: upstream's takes exactly ``params`` (names, in order)."""
+
+    def expect(fn: Any) -> str | None:
+        found = signature_mismatch(fn, params)
+        return None if found is None else f"has signature {found}, expected {params}"
+
+    return expect
+
+
 def is_patched(owner: Any, name: str) -> bool:
     return hasattr(getattr(owner, name, None), ORIGINAL_ATTR)
 
@@ -49,9 +63,59 @@ def replace_attr(owner: Any, name: str, make_replacement: Callable[[Any], Any]) 
     setattr(owner, name, replacement)
 
 
+# What each Replace set: per owner, attribute (or key) -> (upstream's value, ours). Kept in an attribute owner's own
+# ``__dict__`` (never inherited, gone with the owner); a mapping owner (a registry) is a module's and lives as long.
+REPLACED_ATTR = "__treetune_replaced__"
+_MAPPING_RECORDS: dict[int, tuple[MutableMapping[str, Any], dict[str, tuple[Any, Any]]]] = {}
+
+
+class _Absent:
+    """Upstream's value of a mapping key that did not exist (``restore`` deletes the key)."""
+
+    def __repr__(self) -> str:
+        return "<absent>"
+
+
+ABSENT = _Absent()
+
+
+def _records(owner: Any, create: bool = False) -> dict[str, tuple[Any, Any]]:
+    if isinstance(owner, MutableMapping):
+        if create:
+            _MAPPING_RECORDS.setdefault(id(owner), (owner, {}))
+        return _MAPPING_RECORDS.get(id(owner), (owner, {}))[1]
+    if create and REPLACED_ATTR not in vars(owner):
+        setattr(owner, REPLACED_ATTR, {})
+    return vars(owner).get(REPLACED_ATTR, {})
+
+
+def _read(owner: Any, name: str) -> Any:
+    if isinstance(owner, MutableMapping):
+        return owner.get(name, ABSENT)
+    return getattr(owner, name)
+
+
+def _write(owner: Any, name: str, value: Any) -> None:
+    if not isinstance(owner, MutableMapping):
+        setattr(owner, name, value)
+    elif value is ABSENT:
+        del owner[name]
+    else:
+        owner[name] = value
+
+
+def is_replaced(owner: Any, name: str) -> bool:
+    """Whether ``owner.name`` (``owner[name]`` for a mapping) is still the value a :class:`Replace` set."""
+    record = _records(owner).get(name)
+    return record is not None and _read(owner, name) is record[1]
+
+
 def restore(owner: Any, name: str) -> None:
-    """Put upstream's ``owner.name`` back (no-op when unpatched)."""
-    if is_patched(owner, name):
+    """Put upstream's ``owner.name`` back, wrapped or replaced (no-op when neither)."""
+    if is_replaced(owner, name):
+        original, _ = _records(owner).pop(name)
+        _write(owner, name, original)
+    elif not isinstance(owner, MutableMapping) and is_patched(owner, name):
         setattr(owner, name, original_of(getattr(owner, name)))
 
 
@@ -125,6 +189,23 @@ class Upstream:
         for w in wraps:
             replace_attr(w.owner, w.name, w.make_wrapper)
 
+    def replace(self, *replacements: Replace) -> None:
+        """Check every upstream value first (nothing is set when one differs from what its replacement was written
+        for), then set each ``owner.name = make_value(original)`` once (idempotent: a second call finds ours)."""
+        pending = [r for r in replacements if not is_replaced(r.owner, r.name)]
+        for r in pending:
+            problem = r.expect(_read(r.owner, r.name))
+            if problem is not None:
+                raise self.error(
+                    f"{self.package} {r.where or r.name}: {problem} ({self.package} {self.versions}): the treetune "
+                    f"replacement for it would be wrong. {self.install_hint}"
+                )
+        for r in pending:
+            original = _read(r.owner, r.name)
+            value = r.make_value(original)
+            _records(r.owner, create=True)[r.name] = (original, value)
+            _write(r.owner, r.name, value)
+
 
 def _itself(fn: Any) -> Any:
     return fn
@@ -145,3 +226,28 @@ class Wrap:
     params: Sequence[str]
     where: str | None = None
     unwrap: Callable[[Any], Any] = _itself
+
+
+@dataclass(frozen=True)
+class Replace:
+    """One upstream attribute set to a value of ours where a wrapper cannot do: ``owner.name`` (``owner[name]`` when
+    ``owner`` is a mapping: a registry; :data:`ABSENT` stands for a key it lacks) becomes ``make_value(original)``,
+    and nothing of the original runs through ours.
+
+    The one named exception to :class:`Wrap`; ``why`` says which case it is: a whole entry point of ours in place of
+    upstream's, a second name bound to a class already wrapped, or upstream data extended (a tuple of key names, a
+    registry's entries), or an attribute of our own subclass's instance put behind a proxy. ``expect(original)``:
+    ``None`` when upstream's value is what ``make_value`` was written for, else what differs (the role of a
+    ``Wrap``'s signature check); ``where`` names it in errors (default ``name``).
+    """
+
+    owner: Any
+    name: str
+    make_value: Callable[[Any], Any]
+    expect: Callable[[Any], str | None]
+    why: str
+    where: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.why.strip():
+            raise ValueError(f"Replace of {self.name!r}: say why it is not a Wrap")

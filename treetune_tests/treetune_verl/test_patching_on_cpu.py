@@ -4,7 +4,8 @@
 
 Its two real instances are exercised on the installed packages by the sglang patch tests and the trainer / actor seam
 tests; here the mechanics themselves on an owner written in the test: versions refused naming what to install,
-signatures checked before anything is replaced (all or none), idempotence, restore, and the per-call instance swap.
+signatures checked before anything is replaced (all or none), idempotence, restore, the per-call instance swap, and
+the one exception to wrapping (``Replace``): upstream's value checked first, set once, restored.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from treetune_verl.patching import Upstream, Wrap, is_patched, original_of, restore, swapped
+from treetune_verl.patching import Replace, Upstream, Wrap, is_patched, is_replaced, original_of, restore, swapped
 from treetune_verl.sglang.patching import SGLANG
 from treetune_verl.verl_guard import VERL
 
@@ -109,3 +110,53 @@ def test_the_two_upstreams_name_their_pinned_versions():
     assert SGLANG.supported == ("0.5.6.post2", "0.5.12") and SGLANG.allow_env is not None  # pinned, current
     assert VERL.supported == ("0.7.1",) and VERL.allow_env is None
     assert SGLANG.error is not VERL.error
+
+
+def _keys_replacement(module, expect_first="a"):
+    return Replace(
+        module,
+        "KEYS",
+        lambda keys: (*keys, "ours"),
+        lambda keys: None if isinstance(keys, tuple) and keys[:1] == (expect_first,) else f"KEYS is {keys!r}",
+        why="a tuple of key names (data): ours appended",
+        where="module.KEYS",
+    )
+
+
+def test_a_replacement_is_set_once_and_restored():
+    module = SimpleNamespace(KEYS=("a", "b"))
+    upstream = module.KEYS
+    TORCH.replace(_keys_replacement(module))
+    assert module.KEYS == ("a", "b", "ours") and is_replaced(module, "KEYS")
+    TORCH.replace(_keys_replacement(module))  # idempotent: ours found, not extended again
+    assert module.KEYS == ("a", "b", "ours")
+    restore(module, "KEYS")
+    assert module.KEYS is upstream and not is_replaced(module, "KEYS")
+    restore(module, "KEYS")  # no-op when not replaced
+    assert module.KEYS is upstream
+
+
+def test_a_replacement_refuses_an_unexpected_upstream_value_before_anything_is_set():
+    module = SimpleNamespace(KEYS=("a",), OTHER=["x"])
+    other = Replace(module, "OTHER", lambda v: [*v, "y"], lambda v: None, why="a list extended")
+    with pytest.raises(Refused, match=r"torch module\.KEYS: KEYS is \('z',\) \(torch 0\.0\.1\)"):
+        TORCH.replace(other, _keys_replacement(SimpleNamespace(KEYS=("z",))))
+    assert module.OTHER == ["x"] and not is_replaced(module, "OTHER")  # the first was fine, nothing was set
+
+
+def test_a_value_changed_after_the_replacement_is_not_taken_for_ours():
+    """Someone else set the attribute after us: ``is_replaced`` says no, a second ``replace`` checks and sets again,
+    ``restore`` leaves the other value alone rather than putting a stale original back."""
+    module = SimpleNamespace(KEYS=("a",))
+    TORCH.replace(_keys_replacement(module))
+    module.KEYS = ("a", "theirs")
+    assert not is_replaced(module, "KEYS")
+    restore(module, "KEYS")
+    assert module.KEYS == ("a", "theirs")
+    TORCH.replace(_keys_replacement(module))
+    assert module.KEYS == ("a", "theirs", "ours")
+
+
+def test_a_replacement_must_say_why():
+    with pytest.raises(ValueError, match="say why it is not a Wrap"):
+        Replace(SimpleNamespace(KEYS=()), "KEYS", lambda v: v, lambda v: None, why=" ")

@@ -29,11 +29,13 @@ from typing import Any
 
 from verl.workers.rollout.replica import get_rollout_replica_class
 
+from treetune_verl.patching import Replace
 from treetune_verl.rollout.rollout_config import check_rollout_config
 from treetune_verl.rollout.session import session_of
 from treetune_verl.rollout.token_output import ABORTED_STOP_REASON, EntropyTokenOutput, empty_token_output
 from treetune_verl.sglang.engine import install
 from treetune_verl.sglang.tokenizer_patches import META_INFO_ENTROPY_KEY
+from treetune_verl.verl_guard import VERL
 
 # verl's own loader (replica.py `_load_sglang`) imports sglang with its vLLM stand-in and SGLANG_USE_CPU_ENGINE
 # set; importing async_sglang_server first would skip that and fail where vLLM is not installed.
@@ -109,6 +111,12 @@ class _MetaInfoTap:
         setattr(self._tokenizer_manager, name, value)
 
 
+def _untapped(tokenizer_manager: Any) -> str | None:
+    if isinstance(tokenizer_manager, _MetaInfoTap) or not hasattr(tokenizer_manager, "generate_request"):
+        return f"is {tokenizer_manager!r}, not a TokenizerManager (has the server been launched?)"
+    return None
+
+
 class EntropySGLangHttpServer(SGLangHttpServer):
     """verl's ``SGLangHttpServer`` whose ``generate`` returns :class:`EntropyTokenOutput` (entropy in nats).
 
@@ -151,9 +159,17 @@ class EntropySGLangHttpServer(SGLangHttpServer):
         return_logprob = bool(sampling_params.get("logprobs", False))  # the parent pops it
         if session_of(request_id) in self._aborted_sessions:
             return self._no_token_output(return_logprob, ABORTED_STOP_REASON, session_aborted=True)
+        VERL.replace(
+            Replace(
+                self,
+                "tokenizer_manager",
+                _MetaInfoTap,
+                _untapped,
+                why="an attribute of our own server, set by verl's launch_server: the TokenizerManager behind our tap",
+                where="SGLangHttpServer.tokenizer_manager",
+            )
+        )  # once per server: then found as ours
         tap = self.tokenizer_manager
-        if not isinstance(tap, _MetaInfoTap):
-            tap = self.tokenizer_manager = _MetaInfoTap(self.tokenizer_manager)
         tap.expect(request_id)
         try:
             output = await super().generate(prompt_ids, sampling_params, request_id, **kwargs)

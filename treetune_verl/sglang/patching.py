@@ -11,12 +11,23 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
-from treetune_verl.patching import ORIGINAL_ATTR, Upstream, Wrap, is_patched, original_of, replace_attr
+from treetune_verl.patching import (
+    ORIGINAL_ATTR,
+    Replace,
+    Upstream,
+    Wrap,
+    is_patched,
+    is_replaced,
+    original_of,
+    replace_attr,
+    takes,
+)
 
 __all__ = [
     "ENV_ALLOW_UNSUPPORTED",
     "ORIGINAL_ATTR",
     "SGLANG",
+    "Replace",
     "SUPPORTED_SGLANG_VERSIONS",
     "UnsupportedSGLangError",
     "Wrap",
@@ -24,8 +35,10 @@ __all__ = [
     "check_signature",
     "installed_sglang_version",
     "is_patched",
+    "is_replaced",
     "original_of",
     "replace_attr",
+    "takes",
 ]
 
 SUPPORTED_SGLANG_VERSIONS: tuple[str, ...] = ("0.5.6.post2", "0.5.12")  # pinned stack, current stack

@@ -151,6 +151,20 @@ def test_incremental_streaming_slices_our_key(pristine):
     assert meta == {"output_token_logprobs": [3], "output_token_entropy": [0.3]}
 
 
+def test_streaming_keys_of_another_shape_are_refused_before_any_hook(pristine, monkeypatch):
+    """The key tuple is a ``Replace``: sglang's value is checked before anything is set, as a wrap's signature is."""
+    from sglang.srt.managers import tokenizer_manager as tm
+
+    from treetune_verl.sglang.patching import UnsupportedSGLangError, is_patched
+    from treetune_verl.sglang.v0_5_12.tokenizer_hooks import apply_tokenizer_hooks
+
+    monkeypatch.setattr(tm, "_INCREMENTAL_STREAMING_META_INFO_KEYS", ["output_token_logprobs"])
+    with pytest.raises(UnsupportedSGLangError, match=r"_INCREMENTAL_STREAMING_META_INFO_KEYS: is \['output_token"):
+        apply_tokenizer_hooks()
+    assert tm._INCREMENTAL_STREAMING_META_INFO_KEYS == ["output_token_logprobs"]
+    assert not is_patched(tm.TokenizerManager, "_handle_batch_output")  # checked first: nothing else patched
+
+
 def test_check_server_args_runs_our_refusals(pristine, tiny_model_dir):
     from sglang.srt.server_args import ServerArgs
 

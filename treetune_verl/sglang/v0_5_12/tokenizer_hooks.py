@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import functools
 import logging
+from typing import Any
 
-from treetune_verl.sglang.patching import SGLANG, UnsupportedSGLangError, Wrap
+from treetune_verl.sglang.patching import SGLANG, Replace, Wrap
 from treetune_verl.sglang.server_args import check_server_args
 from treetune_verl.sglang.tokenizer_patches import META_INFO_ENTROPY_KEY
 from treetune_verl.sglang.v0_5_12.scheduler_hooks import CUSTOMIZED_INFO_KEY
@@ -28,7 +29,6 @@ logger = logging.getLogger(__name__)
 
 _HANDLE_BATCH_OUTPUT_PARAMS = ("self", "recv_obj")  # sglang 0.5.12 managers/tokenizer_manager.py
 _CHECK_SERVER_ARGS_PARAMS = ("self",)  # sglang 0.5.12 server_args.py ServerArgs.check_server_args
-_STREAMING_KEYS_ATTR = "_INCREMENTAL_STREAMING_META_INFO_KEYS"  # managers/tokenizer_manager.py, a tuple of names
 
 
 def move_entropy_out_of_customized_info(recv_obj) -> None:
@@ -68,15 +68,14 @@ def _wrap_check_server_args(original):
     return check
 
 
-def _add_streaming_key(tokenizer_manager_mod) -> None:
-    keys = getattr(tokenizer_manager_mod, _STREAMING_KEYS_ATTR, None)
-    if not isinstance(keys, tuple) or "output_token_logprobs" not in keys:
-        raise UnsupportedSGLangError(
-            f"sglang managers/tokenizer_manager.py {_STREAMING_KEYS_ATTR} is {keys!r}, expected a tuple naming "
-            f"output_token_logprobs ({SGLANG.package} {SGLANG.versions}): incremental streams would be misaligned."
-        )
-    if META_INFO_ENTROPY_KEY not in keys:
-        setattr(tokenizer_manager_mod, _STREAMING_KEYS_ATTR, (*keys, META_INFO_ENTROPY_KEY))
+def _streaming_keys_expected(keys: Any) -> str | None:
+    if isinstance(keys, tuple) and "output_token_logprobs" in keys:
+        return None
+    return f"is {keys!r}, expected a tuple naming output_token_logprobs: incremental streams would be misaligned"
+
+
+def _with_entropy_key(keys: tuple[str, ...]) -> tuple[str, ...]:
+    return keys if META_INFO_ENTROPY_KEY in keys else (*keys, META_INFO_ENTROPY_KEY)
 
 
 def apply_tokenizer_hooks() -> None:
@@ -84,6 +83,17 @@ def apply_tokenizer_hooks() -> None:
     from sglang.srt.managers import tokenizer_manager as tokenizer_manager_mod
     from sglang.srt.server_args import ServerArgs
 
+    # First: a refused key tuple leaves nothing patched (alone, an extra key name in it is harmless).
+    SGLANG.replace(  # managers/tokenizer_manager.py: the meta-info keys a stream slices per chunk
+        Replace(
+            tokenizer_manager_mod,
+            "_INCREMENTAL_STREAMING_META_INFO_KEYS",
+            _with_entropy_key,
+            _streaming_keys_expected,
+            why="a tuple of key names (data, not a callable): ours appended",
+            where="managers/tokenizer_manager.py _INCREMENTAL_STREAMING_META_INFO_KEYS",
+        )
+    )
     SGLANG.wrap(
         Wrap(
             tokenizer_manager_mod.TokenizerManager,
@@ -94,4 +104,3 @@ def apply_tokenizer_hooks() -> None:
         ),
         Wrap(ServerArgs, "check_server_args", _wrap_check_server_args, _CHECK_SERVER_ARGS_PARAMS),
     )
-    _add_streaming_key(tokenizer_manager_mod)

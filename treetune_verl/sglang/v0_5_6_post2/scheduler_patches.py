@@ -19,7 +19,15 @@ import functools
 from typing import Any
 
 from treetune_verl.sglang.config import INTERNAL_STATE_KEY, EntropyConfig
-from treetune_verl.sglang.patching import SGLANG, Wrap, check_sglang_version, is_patched, replace_attr
+from treetune_verl.sglang.patching import (
+    SGLANG,
+    Replace,
+    Wrap,
+    check_sglang_version,
+    is_patched,
+    original_of,
+    replace_attr,
+)
 from treetune_verl.sglang.sampler import LOGITS_OUTPUT_ENTROPY_ATTR, SAMPLER_FORWARD_PARAMS, make_entropy_sampler
 from treetune_verl.sglang.server_args import check_server_args
 from treetune_verl.sglang.v0_5_6_post2.store import EntropyStore
@@ -160,8 +168,24 @@ def apply_scheduler_patches(config: EntropyConfig, server_args: Any = None) -> N
         Wrap(Scheduler, "init_sockets", _wrap_init_sockets, _INIT_SOCKETS_PARAMS, "Scheduler.init_sockets"),
         Wrap(Scheduler, "get_internal_state", _wrap_get_internal_state, _INTERNAL_STATE_PARAMS),
     )
-    model_runner_mod.Sampler = sampler_mod.Sampler
+    SGLANG.replace(
+        Replace(
+            model_runner_mod,
+            "Sampler",
+            lambda _: sampler_mod.Sampler,
+            _is_the_samplers_upstream,
+            why="model_runner's second name of layers/sampler.py's Sampler, bound to the class wrapped above",
+            where="model_runner.Sampler",
+        )
+    )
     sampler_mod.Sampler.entropy_config = config
+
+
+def _is_the_samplers_upstream(bound: Any) -> str | None:
+    from sglang.srt.layers import sampler as sampler_mod
+
+    upstream = original_of(sampler_mod.Sampler)
+    return None if bound is upstream else f"is {bound!r}, not layers/sampler.py's {upstream!r}"
 
 
 def _forward_of(sampler_class: Any) -> Any:

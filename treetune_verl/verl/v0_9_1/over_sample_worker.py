@@ -17,7 +17,6 @@ that a group's requests can be aborted knowing only the group's ``uid``. Here:
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from treetune_verl.agent_loop.trajectory import CURRENT_TRAJECTORY, PROMPT_HOOK, Trajectory
@@ -55,11 +54,15 @@ class SessionLLMServerClient(LLMServerClient):
         return turn_request_id(trajectory.session)
 
 
+# verl 0.9.1 workers/rollout/llm_server.py LLMServerClient.__init__: what verl builds its client from.
+_CLIENT_INIT_PARAMS = ("self", "config", "load_balancer_handle", "kwargs")
+
+
 def session_client(
     client: LLMServerClient, client_cls: type[SessionLLMServerClient] = SessionLLMServerClient
 ) -> SessionLLMServerClient:
-    """A copy of verl's ``client`` (every attribute verl set: config, load balancer) as a ``client_cls``, which
-    names turns by session.
+    """A ``client_cls`` built as verl built ``client`` (its config and load balancer: all ``LLMServerClient.__init__``
+    takes), which names turns by session.
 
     Raises:
         ValueError: ``client`` is a subclass of verl's (e.g. the fully-async client, which resumes aborted turns):
@@ -70,9 +73,8 @@ def session_client(
             f"over-sampling names requests through verl's LLMServerClient; the trainer's client is "
             f"{type(client).__qualname__}"
         )
-    named = copy.copy(client)
-    named.__class__ = client_cls
-    return named
+    VERL_CURRENT.check_signature(LLMServerClient.__init__, _CLIENT_INIT_PARAMS, "LLMServerClient.__init__")
+    return client_cls(config=client.config, load_balancer_handle=client._load_balancer)
 
 
 class OverSamplingAgentLoopWorkerTQ(SessionRowsWorkerTQ):

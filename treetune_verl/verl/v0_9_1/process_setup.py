@@ -28,11 +28,12 @@ Why not ``RolloutReplicaRegistry.register("sglang", ...)``: the reward model and
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from omegaconf import OmegaConf
 
-from treetune_verl.patching import Wrap
+from treetune_verl.patching import ABSENT, Replace, Wrap
 from treetune_verl.verl_guard import VERL_CURRENT, installed_verl_version
 
 __all__ = ["install", "policy_server_manager", "selects_rollout_entropy", "server_selected"]
@@ -147,5 +148,23 @@ def install() -> None:
     VERL_CURRENT.wrap(
         Wrap(llm_server.LLMServerManager, "__init__", _wrap_llm_server_manager_init, _LLM_SERVER_MANAGER_INIT_PARAMS)
     )
-    for name, target in LOOPS.items():  # what verl's @register writes (agent_loop.py:475)
-        agent_loop._agent_loop_registry.setdefault(name, {"_target_": target})
+    VERL_CURRENT.replace(
+        *(
+            Replace(
+                agent_loop._agent_loop_registry,
+                name,
+                lambda _, target=target: {"_target_": target},
+                functools.partial(_free_or_ours, target=target),
+                why="an entry of verl's loop registry (data: what its @register writes, agent_loop.py:475)",
+                where=f"agent_loop._agent_loop_registry[{name!r}]",
+            )
+            for name, target in LOOPS.items()
+        )
+    )
+
+
+def _free_or_ours(entry: Any, target: str) -> str | None:
+    """A loop name not registered yet, or registered to our class already (another install in this process)."""
+    if entry is ABSENT or entry == {"_target_": target}:
+        return None
+    return f"is registered to {entry!r}, not {target}: another loop took our name"

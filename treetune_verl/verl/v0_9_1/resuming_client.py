@@ -93,6 +93,4 @@ class ResumingLLMServerClient(FullyAsyncLLMServerClient, _AttemptTap):
 
 def resuming_client(client: Any) -> ResumingLLMServerClient:
     """A copy of verl's plain ``client`` as a :class:`ResumingLLMServerClient` (``session_client``'s checks)."""
-    resuming = session_client(client, ResumingLLMServerClient)
-    resuming._only_hybrid = False  # FullyAsyncLLMServerClient.__init__'s default: this client's servers never all go
-    return resuming
+    return session_client(client, ResumingLLMServerClient)  # only_hybrid=False: this client's servers never all go

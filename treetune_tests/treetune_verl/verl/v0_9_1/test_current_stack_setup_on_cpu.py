@@ -195,3 +195,34 @@ def test_the_loops_yaml_gives_verl_0_9_1s_tool_loop():
     assert entries["single_turn_agent"] is EntropySingleTurnAgentLoop
     with pytest.raises(Exception, match="supports? verl 0.7.1; found 0.9.1"):
         importlib.import_module("treetune_verl.verl.v0_7_1.entropy_tool_agent_loop")  # verl 0.7.1's, refused here
+
+
+def test_our_loops_are_in_verls_registry_once_and_a_taken_name_is_refused(process_setup, monkeypatch):
+    """The registry entries are ``Replace``s: each names a class Hydra resolves (as verl's worker does), set once, and
+    a name another loop holds refuses the install instead of leaving ours silently out (``setdefault`` did that)."""
+    from hydra.utils import get_class
+    from verl.experimental.agent_loop import agent_loop
+
+    from treetune_verl.patching import is_replaced, restore
+    from treetune_verl.verl_guard import UnsupportedVerlError
+
+    registry = agent_loop._agent_loop_registry
+    for name, target in process_setup.LOOPS.items():
+        assert registry[name] == {"_target_": target} and get_class(target).__name__ == target.rsplit(".", 1)[1]
+    process_setup.install()  # idempotent: the entries found as ours
+    assert all(is_replaced(registry, name) for name in process_setup.LOOPS)
+
+    name = "entropy_tool_agent"
+    ours = registry[name]
+    monkeypatch.setitem(registry, name, {"_target_": "someone.else.Loop"})
+    with pytest.raises(UnsupportedVerlError, match=r"_agent_loop_registry\['entropy_tool_agent'\]: is registered to"):
+        process_setup.install()
+    assert registry[name] == {"_target_": "someone.else.Loop"}  # left as the user had it
+    monkeypatch.setitem(registry, name, ours)
+    assert is_replaced(registry, name)
+
+    snapshot = dict(registry)
+    restore(registry, name)
+    assert name not in registry  # upstream had no such entry
+    process_setup.install()
+    assert registry == snapshot
