@@ -173,3 +173,16 @@ def test_the_end_of_sequence_hold_leaves_the_chance_of_ending_unchanged_to_first
     else:
         assert 0.0 < sensitivity.hold_share < 1.0
         assert abs(float(eos_change)) <= 1e-4 * scale, (float(eos_change), scale)
+
+
+def test_the_held_ids_are_the_policys_end_of_sequence_ones_and_none_is_refused():
+    from treetune_verl.control.controller import end_of_sequence_ids
+
+    model, _, _ = _warmed_update()
+    components = ProbeComponents(model, {"generation": {"temperature": TEMPERATURE, "top_p": 1.0}})
+    assert end_of_sequence_ids(components) == (EOS,)
+    model.config.eos_token_id = [EOS, 7]
+    assert end_of_sequence_ids(components) == (EOS, 7)
+    model.config.eos_token_id = None
+    with pytest.raises(ValueError, match=r"entropy_control\.hold_eos: the policy's model config names no end-of"):
+        end_of_sequence_ids(components)
