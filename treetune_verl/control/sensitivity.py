@@ -10,7 +10,9 @@ forecast's copy of θ′ at hand (``WeightsAroundStep`` after ``swap``):
    what verl's ``entropy_coeff`` bonus ascends on its batch), :func:`token_entropy_gradient`;
 3. the entropy step ``Δθ_H = k ⊙ ∇H_A`` (``adam_sensitivity.step_sensitivity``: the optimizer's step differentiated
    with respect to the coefficient); with ``hold`` token ids (the end-of-sequence ones, ``hold_eos``), ``∇H_A`` less
-   its part along ``∇L_A``, the gradient of half A's mean log-probability of those tokens, in the step's metric:
+   its part along ``∇L_A``, the gradient of half A's mean probability of those tokens (the expected number of ends
+   per state; a mean log-probability would weigh the states where ending is all but impossible as much as those
+   where it is likely, and was 1 % of the step on SmolLM2's first updates), in the step's metric:
    ``Δθ_H = k ⊙ (∇H_A − λ ∇L_A)``, ``λ = ⟨∇L_A, k ⊙ ∇H_A⟩ / ⟨∇L_A, k ⊙ ∇L_A⟩``, so that ``⟨∇L_A, Δθ_H⟩ = 0``: to
    first order the step leaves the chance of ending a response where it was, at every state of half A (raising
    every state's entropy otherwise moves mass onto the end-of-sequence token, and the answers shorten: the
@@ -78,12 +80,12 @@ def token_entropy_gradient(
     return _response_mean_gradient(components, E, mb_size_prompts, lambda tf: tf.entropies, None)
 
 
-def held_log_prob_gradient(
+def held_probability_gradient(
     components: ProbeComponents, E: dict[str, torch.Tensor], mb_size_prompts: int, hold: Sequence[int]
 ) -> dict[str, torch.Tensor]:
-    """``∇`` of E's mean log-probability of the ``hold`` tokens (jointly: ``log Σ_{i ∈ hold} π(i | s)``) over its
-    response tokens' states, like :func:`token_entropy_gradient`."""
-    return _response_mean_gradient(components, E, mb_size_prompts, lambda tf: tf.log_prob_of, hold)
+    """``∇`` of E's mean probability of the ``hold`` tokens (jointly: ``Σ_{i ∈ hold} π(i | s)``) over its response
+    tokens' states, like :func:`token_entropy_gradient`."""
+    return _response_mean_gradient(components, E, mb_size_prompts, lambda tf: tf.log_prob_of.exp(), hold)
 
 
 def _response_mean_gradient(
@@ -98,7 +100,7 @@ def _response_mean_gradient(
     if tokens <= 0:
         raise ValueError("entropy control: E's half has no response token")
     gradient: dict[str, torch.Tensor] = {}
-    with_entropy = log_prob_of is None  # one of the two per pass: the entropy, or the held tokens' log-probability
+    with_entropy = log_prob_of is None  # one of the two per pass: the entropy, or the held tokens' probability
     batches = components.teacher_forced_microbatches(
         E, mb_size_prompts, with_entropy, "E_batch", log_prob_of=log_prob_of
     )
@@ -140,7 +142,7 @@ def measure(
     parameters are left at θ′ + ε Δθ_H's last displacement, for the caller's ``weights.restore()``.
     ``step_sensitivity``: ``adam_sensitivity.step_sensitivity`` of the step just taken; ``step_norm``: ‖Δθ‖ over every
     rank; ``sum_over_ranks``: fp64 CPU tensors summed over the ranks (identity in one process); ``hold``: token ids
-    whose mean log-probability over half A's states the step leaves unchanged to first order (module docstring)."""
+    whose mean probability over half A's states the step leaves unchanged to first order (module docstring)."""
     half_a, half_b = split_halves(E)
     name_of = {p: name for name, p in components.named_params}
     weights.displace({}, 0.0)  # θ′: the gradient of the step's own weights
@@ -149,7 +151,7 @@ def measure(
     step = {name: k * gradient[name] for name, k in k_of.items()}
     hold_share = 0.0
     if hold is not None:
-        held = held_log_prob_gradient(components, half_a, mb_size_prompts, hold)
+        held = held_probability_gradient(components, half_a, mb_size_prompts, hold)
         held_norm2 = _k_inner(held, held, k_of, sum_over_ranks)
         cross = _k_inner(held, gradient, k_of, sum_over_ranks)  # ⟨∇L_A, k ⊙ ∇H_A⟩ = ⟨∇L_A, Δθ_H⟩ before the hold
         if held_norm2 > 0.0 and math.isfinite(held_norm2) and math.isfinite(cross):

@@ -23,7 +23,7 @@ Keys (nats per token for entropies):
     coefficient_step: float    ``reactive`` only: the coefficient's change per update (> 0; TRL's
                                ``entropy_coef_delta``, 0.005), up while E's entropy is at or below the band's
                                centre, down otherwise, within ``[0, max_coefficient]``
-    hold_eos: bool             the entropy step leaves the end-of-sequence tokens' mean log-probability over E's
+    hold_eos: bool             the entropy step leaves the end-of-sequence tokens' mean probability over E's
                                states unchanged to first order (false; ``sensitivity.py``): without it the step
                                raises the chance of ending everywhere and the answers shorten
 

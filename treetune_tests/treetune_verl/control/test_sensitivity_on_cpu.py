@@ -10,7 +10,7 @@ References, by ``torch.func`` on a forward with the log-softmax and entropy writ
   ``k ⊙ ∇H_A`` (``k``: ``adam_sensitivity``, tested against torch's own step in its own test), and its delta-method
   standard error over B's responses from the per-response jvps;
 - the weights left: θ′ bit for bit after ``restore``;
-- with the end-of-sequence hold: the step's directional derivative (``jvp``) of half A's mean log-probability of EOS,
+- with the end-of-sequence hold: the step's directional derivative (``jvp``) of half A's mean probability of EOS,
   written here from the log-softmax, is zero (without the hold it is not), and its entropy still rises.
 """
 
@@ -125,8 +125,8 @@ def test_the_split_needs_two_prompts_on_each_rank():
         split_halves(E)
 
 
-def _eos_log_probs(model, params, E) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per response token: log π_T(EOS | its state) (fp64, tempered full vocabulary) and the response mask."""
+def _eos_probabilities(model, params, E) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per response token: π_T(EOS | its state) (fp64, tempered full vocabulary) and the response mask."""
     B, G, T = E["sequences"].shape
     P = T - R
     ids, mask = E["sequences"].view(B * G, T), E["attention_masks"].view(B * G, T)
@@ -134,7 +134,7 @@ def _eos_log_probs(model, params, E) -> tuple[torch.Tensor, torch.Tensor]:
     logits = functional_call(model, params, (), {"input_ids": ids, "attention_mask": mask, "position_ids": positions})
     log_probs = torch.log_softmax(logits.logits[:, P - 1 : T - 1].double() / TEMPERATURE, -1)
     valid = mask[:, P:].double()
-    return log_probs[..., EOS] * valid, valid
+    return log_probs[..., EOS].exp() * valid, valid
 
 
 @pytest.mark.parametrize("hold", [None, (EOS,)])
@@ -154,7 +154,7 @@ def test_the_end_of_sequence_hold_leaves_the_chance_of_ending_unchanged_to_first
     direction = {n: sensitivity.entropy_step[n].float() for n in params}
 
     def mean_eos_a(p):
-        lp, valid = _eos_log_probs(model, p, half_a)
+        lp, valid = _eos_probabilities(model, p, half_a)
         return lp.sum() / valid.sum()
 
     def mean_entropy_a(p):
