@@ -40,11 +40,10 @@ from treetune_verl.control.adam_sensitivity import step_sensitivity
 from treetune_verl.control.on_policy_gain import OnPolicyGain
 from treetune_verl.control.rule import Band, Decision, choose_coefficient, reactive_coefficient
 from treetune_verl.control.sensitivity import measure, secant
-from treetune_verl.control.settings import SECTION, ControlSettings, control_settings
+from treetune_verl.control.settings import ControlSettings, control_settings
 from treetune_verl.forecast.step_weights import WeightsAroundStep
 from treetune_verl.forecast.token_entropy import TokenEntropyStats, ratio_and_se, ratio_moments
 from treetune_verl.probe.components import ProbeComponents
-from treetune_verl.probe.teacher_forcing import unwrap_model
 
 PREFIX = "control/"
 # The standard error the rule gets where there is none (fewer than two responses on every rank): it falls back.
@@ -118,8 +117,7 @@ class Controller:
 
         weights = WeightsAroundStep(components)  # a copy of θ′ for the entropy step's forwards
         try:
-            hold = end_of_sequence_ids(components) if self.settings.hold_eos else None
-            sensitivity = measure(components, E, mb_size_prompts, self._k, weights, step_norm, sum_over_ranks, hold)
+            sensitivity = measure(components, E, mb_size_prompts, self._k, weights, step_norm, sum_over_ranks)
             b, b_se = sensitivity.b, sensitivity.b_se
             # the trust region: the controller's step at most max_step_ratio of verl's (settings.py)
             bound = min(self.settings.max_coefficient, self._step_bound(sensitivity.norm, step_norm))
@@ -154,7 +152,6 @@ class Controller:
             PREFIX + "coefficient_bound": bound,  # max_coefficient, or the trust region's when smaller
             PREFIX + "on_policy_gain": kappa,  # κ: predicted_before / _after are H + κ a (+ κ c b)
             PREFIX + "on_policy_pairs": float(self.gain.pairs),
-            **({PREFIX + "hold_share": sensitivity.hold_share} if self.settings.hold_eos else {}),
         }
 
     def _step_bound(self, entropy_step_norm: float, step_norm: float) -> float:
@@ -190,21 +187,6 @@ class Controller:
         if math.isfinite(se):
             out[PREFIX + "realised_heldout_se"] = se
         return out
-
-
-def end_of_sequence_ids(components: ProbeComponents) -> tuple[int, ...]:
-    """The policy's end-of-sequence token ids, from its model config (``eos_token_id``: one id or a list).
-
-    Raises:
-        ValueError: the config names none (``hold_eos`` cannot know which token ends a response).
-    """
-    ids = getattr(unwrap_model(components.model).config, "eos_token_id", None)
-    ids = (ids,) if isinstance(ids, int) else tuple(ids or ())
-    if not ids or not all(isinstance(i, int) and i >= 0 for i in ids):
-        raise ValueError(
-            f"{SECTION}.hold_eos: the policy's model config names no end-of-sequence token (eos_token_id={ids!r})"
-        )
-    return ids
 
 
 SETTINGS_ATTR = "_treetune_control_settings"  # on verl's actor worker: the section, read at its first update

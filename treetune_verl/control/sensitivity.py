@@ -9,15 +9,7 @@ forecast's copy of θ′ at hand (``WeightsAroundStep`` after ``swap``):
 2. ``∇H_A``: one backward of the mean token entropy of half A's responses at fixed states (the pathwise gradient,
    what verl's ``entropy_coeff`` bonus ascends on its batch), :func:`token_entropy_gradient`;
 3. the entropy step ``Δθ_H = k ⊙ ∇H_A`` (``adam_sensitivity.step_sensitivity``: the optimizer's step differentiated
-   with respect to the coefficient); with ``hold`` token ids (the end-of-sequence ones, ``hold_eos``), ``∇H_A`` less
-   its part along ``∇L_A``, the gradient of half A's mean probability of those tokens (the expected number of ends
-   per state; a mean log-probability would weigh the states where ending is all but impossible as much as those
-   where it is likely, and was 1 % of the step on SmolLM2's first updates), in the step's metric:
-   ``Δθ_H = k ⊙ (∇H_A − λ ∇L_A)``, ``λ = ⟨∇L_A, k ⊙ ∇H_A⟩ / ⟨∇L_A, k ⊙ ∇L_A⟩``, so that ``⟨∇L_A, Δθ_H⟩ = 0``: to
-   first order the step leaves the chance of ending a response where it was, at every state of half A (raising
-   every state's entropy otherwise moves mass onto the end-of-sequence token, and the answers shorten: the
-   controller's SmolLM2 runs, 23 -> 2-3 tokens). It still ascends ``H_A``: ``⟨∇H_A, Δθ_H⟩ = ‖∇H_A‖²_k (1 − ρ²)``,
-   ``ρ`` the two gradients' cosine in that metric (``Sensitivity.hold_share`` = ``ρ²``, the share removed);
+   with respect to the coefficient);
 4. ``b = ⟨∇H_B, Δθ_H⟩`` on the other half, from a central difference of two forwards of half B at θ′ ± ε Δθ_H
    (ε: ``‖ε Δθ_H‖ = ‖Δθ‖``, the step's own size, where the forecast's central difference is accurate), with its
    standard error over B's responses (a pooled ratio: ``token_entropy.ratio_and_se``);
@@ -38,7 +30,6 @@ nats per token per unit coefficient.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -49,7 +40,6 @@ from treetune_verl.forecast.step_weights import WeightsAroundStep
 from treetune_verl.forecast.token_entropy import ratio_and_se, ratio_moments, response_sums
 from treetune_verl.probe.batch import validate_probe_batch
 from treetune_verl.probe.components import ProbeComponents
-from treetune_verl.probe.teacher_forcing import TeacherForced
 
 
 @dataclass(frozen=True)
@@ -61,7 +51,6 @@ class Sensitivity:
     entropy_step: dict[str, torch.Tensor]  # Δθ_H per parameter name, like its local shard, float64
     scale: float  # ε of the central difference
     norm: float  # ‖Δθ_H‖ over every rank
-    hold_share: float = 0.0  # ρ²: the share of ∇H_A's ascent removed by the hold (0 without one)
 
 
 def split_halves(E: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -77,50 +66,19 @@ def token_entropy_gradient(
 ) -> dict[str, torch.Tensor]:
     """``∇`` of E's mean token entropy (Σ over response tokens of H at fixed states / their count) per parameter
     name, float64, like its local shard; ``.grad`` as it was before (the probe's passes stash and restore it)."""
-    return _response_mean_gradient(components, E, mb_size_prompts, lambda tf: tf.entropies, None)
-
-
-def held_probability_gradient(
-    components: ProbeComponents, E: dict[str, torch.Tensor], mb_size_prompts: int, hold: Sequence[int]
-) -> dict[str, torch.Tensor]:
-    """``∇`` of E's mean probability of the ``hold`` tokens (jointly: ``Σ_{i ∈ hold} π(i | s)``) over its response
-    tokens' states, like :func:`token_entropy_gradient`."""
-    return _response_mean_gradient(components, E, mb_size_prompts, lambda tf: tf.log_prob_of.exp(), hold)
-
-
-def _response_mean_gradient(
-    components: ProbeComponents,
-    E: dict[str, torch.Tensor],
-    mb_size_prompts: int,
-    value_of: Callable[[TeacherForced], torch.Tensor],
-    log_prob_of: Sequence[int] | None,
-) -> dict[str, torch.Tensor]:
     _, _, P = validate_probe_batch(E, "E_batch")
     tokens = float(E["attention_masks"][..., P:].sum())
     if tokens <= 0:
         raise ValueError("entropy control: E's half has no response token")
     gradient: dict[str, torch.Tensor] = {}
-    with_entropy = log_prob_of is None  # one of the two per pass: the entropy, or the held tokens' probability
-    batches = components.teacher_forced_microbatches(
-        E, mb_size_prompts, with_entropy, "E_batch", log_prob_of=log_prob_of
-    )
-    for _, tf in batches:
-        ((value_of(tf) * tf.response_mask).sum() / tokens).backward()
+    for _, tf in components.teacher_forced_microbatches(E, mb_size_prompts, True, "E_batch"):
+        ((tf.entropies * tf.response_mask).sum() / tokens).backward()
         for name, p in components.named_params:
             if p.grad is not None:
                 g = local_tensor(p.grad).detach().double()
                 gradient[name] = gradient[name] + g if name in gradient else g.clone()
                 p.grad = None
     return gradient
-
-
-def _k_inner(
-    x: dict[str, torch.Tensor], y: dict[str, torch.Tensor], k_of: dict[str, torch.Tensor], sum_over_ranks
-) -> float:
-    """``⟨x, k ⊙ y⟩`` over every rank: the step's metric (``k`` per parameter name, like its local shard)."""
-    total = sum(float((x[n] * k * y[n]).sum()) for n, k in k_of.items() if n in x and n in y)
-    total = torch.tensor([total], dtype=torch.float64)
-    return float(sum_over_ranks(total))
 
 
 def _global_norm(tensors: dict[str, torch.Tensor], sum_over_ranks) -> float:
@@ -136,36 +94,20 @@ def measure(
     weights: WeightsAroundStep,
     step_norm: float,
     sum_over_ranks=lambda t: t,
-    hold: Sequence[int] | None = None,
 ) -> Sensitivity:
     """The entropy step and ``b ± b_se`` (module docstring). ``weights``: after ``swap`` (its copy holds θ′); the
     parameters are left at θ′ + ε Δθ_H's last displacement, for the caller's ``weights.restore()``.
     ``step_sensitivity``: ``adam_sensitivity.step_sensitivity`` of the step just taken; ``step_norm``: ‖Δθ‖ over every
-    rank; ``sum_over_ranks``: fp64 CPU tensors summed over the ranks (identity in one process); ``hold``: token ids
-    whose mean probability over half A's states the step leaves unchanged to first order (module docstring)."""
+    rank; ``sum_over_ranks``: fp64 CPU tensors summed over the ranks (identity in one process)."""
     half_a, half_b = split_halves(E)
     name_of = {p: name for name, p in components.named_params}
     weights.displace({}, 0.0)  # θ′: the gradient of the step's own weights
     gradient = token_entropy_gradient(components, half_a, mb_size_prompts)
-    k_of = {name_of[p]: k for p, k in step_sensitivity.items() if name_of.get(p) in gradient}
-    step = {name: k * gradient[name] for name, k in k_of.items()}
-    hold_share = 0.0
-    if hold is not None:
-        held = held_probability_gradient(components, half_a, mb_size_prompts, hold)
-        held_norm2 = _k_inner(held, held, k_of, sum_over_ranks)
-        cross = _k_inner(held, gradient, k_of, sum_over_ranks)  # ⟨∇L_A, k ⊙ ∇H_A⟩ = ⟨∇L_A, Δθ_H⟩ before the hold
-        if held_norm2 > 0.0 and math.isfinite(held_norm2) and math.isfinite(cross):
-            lam = cross / held_norm2
-            for name, k in k_of.items():
-                if name in held:
-                    step[name] -= lam * k * held[name]
-            ascent = _k_inner(gradient, gradient, k_of, sum_over_ranks)
-            hold_share = cross * lam / ascent if ascent > 0.0 else 0.0
-        del held
+    step = {name_of[p]: k * gradient[name_of[p]] for p, k in step_sensitivity.items() if name_of.get(p) in gradient}
     norm = _global_norm(step, sum_over_ranks)
     if norm == 0.0 or not math.isfinite(norm) or step_norm <= 0.0:
         # no entropy step (a first Adam step responds to no gradient's size): nothing to measure, the rule falls back
-        return Sensitivity(0.0, 0.0, step, 0.0, norm, hold_share)
+        return Sensitivity(0.0, 0.0, step, 0.0, norm)
     scale = step_norm / norm
     sums = []
     for sign in (1.0, -1.0):
@@ -174,7 +116,7 @@ def measure(
         sums.append(entropy)
     change = (sums[0] - sums[1]) / (2.0 * scale)  # [B/2, G]: per response, d Σ_k H_k / dc
     b, b_se = ratio_and_se(sum_over_ranks(ratio_moments(change, tokens)))
-    return Sensitivity(b, b_se, step, scale, norm, hold_share)
+    return Sensitivity(b, b_se, step, scale, norm)
 
 
 def secant(

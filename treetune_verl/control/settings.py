@@ -23,9 +23,6 @@ Keys (nats per token for entropies):
     coefficient_step: float    ``reactive`` only: the coefficient's change per update (> 0; TRL's
                                ``entropy_coef_delta``, 0.005), up while E's entropy is at or below the band's
                                centre, down otherwise, within ``[0, max_coefficient]``
-    hold_eos: bool             the entropy step leaves the end-of-sequence tokens' mean probability over E's
-                               states unchanged to first order (false; ``sensitivity.py``): without it the step
-                               raises the chance of ending everywhere and the answers shorten
 
 The section runs only with the forecast (``custom.entropy_forecast``, central differences: ``method`` auto in
 float32 or ``central_difference``): it decides at the forecast's first optimizer step of each forecast update. An
@@ -43,17 +40,7 @@ from treetune_verl.config.keys import check_known_keys, plain
 from treetune_verl.rollout.rollout_config import read_key
 
 SECTION = "actor_rollout_ref.rollout.custom.entropy_control"
-KEYS = (
-    "target",
-    "target_fraction",
-    "width",
-    "max_coefficient",
-    "z",
-    "max_step_ratio",
-    "rule",
-    "coefficient_step",
-    "hold_eos",
-)
+KEYS = ("target", "target_fraction", "width", "max_coefficient", "z", "max_step_ratio", "rule", "coefficient_step")
 RULES = ("forecast", "reactive")
 
 
@@ -69,7 +56,6 @@ class ControlSettings:
     max_step_ratio: float = 1.0
     rule: str = "forecast"
     coefficient_step: float | None = None  # reactive only
-    hold_eos: bool = False
 
 
 def _number(section: Mapping, key: str, default: float | None) -> float | None:
@@ -128,9 +114,4 @@ def control_settings(rollout_config: Any) -> ControlSettings | None:
         raise ValueError(f"{SECTION}.coefficient_step is the reactive rule's (rule=reactive), got rule={rule!r}")
     if coefficient_step is not None and coefficient_step <= 0:
         raise ValueError(f"{SECTION}.coefficient_step must be > 0, got {coefficient_step}")
-    hold_eos = section.get("hold_eos", False)
-    if not isinstance(hold_eos, bool):
-        raise ValueError(f"{SECTION}.hold_eos must be true or false, got {hold_eos!r}")
-    return ControlSettings(
-        width, target, fraction, max_coefficient, z, max_step_ratio, rule, coefficient_step, hold_eos
-    )
+    return ControlSettings(width, target, fraction, max_coefficient, z, max_step_ratio, rule, coefficient_step)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 
 import torch
 from omegaconf import DictConfig
@@ -150,13 +150,12 @@ class ProbeComponents:
         allow_zero_probability: bool = False,
         share_prompt: bool = False,
         keep_log_probs: bool = False,
-        log_prob_of: Sequence[int] | None = None,
     ) -> Iterator[tuple[dict[str, torch.Tensor], TeacherForced]]:
         """Validate ``batch``, then yield ``(microbatch, teacher-forced results)`` along the prompt dimension.
 
         Runs inside :func:`probe_pass_context` (eval mode, ``.grad`` stashed and restored) with autocast following
         the model's dtype; the caller may ``backward()`` through each result before taking the next one.
-        ``allow_zero_probability``, ``share_prompt``, ``keep_log_probs``, ``log_prob_of``: see :func:`teacher_force`.
+        ``allow_zero_probability``, ``share_prompt``, ``keep_log_probs``: see :func:`teacher_force`.
         """
         _, _, response_col = validate_probe_batch(batch, name)
         with probe_pass_context(self.model, self.params):
@@ -172,7 +171,6 @@ class ProbeComponents:
                         allow_zero_probability,
                         share_prompt,
                         keep_log_probs,
-                        log_prob_of,
                     )
                 yield mb, tf
 

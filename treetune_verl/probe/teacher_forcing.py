@@ -13,7 +13,6 @@ Units: log-probabilities and entropies in nats, per token, computed in fp32 (``p
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -31,9 +30,6 @@ class TeacherForced:
     # [T, V] fp32 CPU: the policy's log-probabilities over the vocabulary at the T response tokens (in the order of
     # ``response_mask.nonzero()``); None unless requested (``keep_log_probs``: the forecast exact in the softmax)
     log_probs: torch.Tensor | None = None
-    # [b, G, R], differentiable: log Σ_{i ∈ ids} π_T(i | s_j) at each response token's state, over the tempered
-    # full vocabulary (no top-p); None unless requested (``log_prob_of``: the controller's end-of-sequence hold)
-    log_prob_of: torch.Tensor | None = None
 
 
 def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -80,7 +76,6 @@ def teacher_force(
     allow_zero_probability: bool = False,
     share_prompt: bool = False,
     keep_log_probs: bool = False,
-    log_prob_of: Sequence[int] | None = None,
 ) -> TeacherForced:
     """One forward pass over all ``b·G`` rows of a microbatch (grad enabled unless the caller disables it), two with
     ``share_prompt``.
@@ -97,8 +92,6 @@ def teacher_force(
             forecast's forwards without graph use it.
         keep_log_probs: also return the full-vocabulary log-probabilities at the response tokens (detached, on the
             CPU: T × V × 4 bytes).
-        log_prob_of: token ids (e.g. the end-of-sequence ones) whose joint log-probability at every response
-            token's state is returned too (``TeacherForced.log_prob_of``, differentiable; tempered, full vocabulary).
 
     Raises:
         ValueError: unless ``allow_zero_probability``, if a response token lies outside the top-p nucleus
@@ -130,12 +123,7 @@ def teacher_force(
     if with_entropy:
         entropies = _padded(entropy_from_log_probs(log_probs, keep), R).masked_fill(~resp_mask, 0.0).view(b, G, R)
     kept = log_probs.detach()[resp_mask[:, : log_probs.shape[1]]].cpu() if keep_log_probs else None  # [T, V]
-    held = None
-    if log_prob_of is not None:
-        full = log_probs if keep is None else torch.log_softmax(logits.float() / temperature, dim=-1)  # no top-p
-        held = _padded(torch.logsumexp(full[..., list(log_prob_of)], dim=-1), R)  # [N, R'] -> [N, R]
-        held = held.masked_fill(~resp_mask, 0.0).view(b, G, R)
-    return TeacherForced(token_lp.view(b, G, R), entropies, resp_mask.view(b, G, R), kept, held)
+    return TeacherForced(token_lp.view(b, G, R), entropies, resp_mask.view(b, G, R), kept)
 
 
 def _real_columns(mask: torch.Tensor, response_col: int) -> tuple[int, int]:

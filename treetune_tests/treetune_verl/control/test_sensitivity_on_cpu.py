@@ -9,9 +9,7 @@ References, by ``torch.func`` on a forward with the log-softmax and entropy writ
 - ``b``: the exact directional derivative (``jvp``) of half B's (odd prompts') pooled token entropy along
   ``k ⊙ ∇H_A`` (``k``: ``adam_sensitivity``, tested against torch's own step in its own test), and its delta-method
   standard error over B's responses from the per-response jvps;
-- the weights left: θ′ bit for bit after ``restore``;
-- with the end-of-sequence hold: the step's directional derivative (``jvp``) of half A's mean probability of EOS,
-  written here from the log-softmax, is zero (without the hold it is not), and its entropy still rises.
+- the weights left: θ′ bit for bit after ``restore``.
 """
 
 from __future__ import annotations
@@ -123,66 +121,3 @@ def test_the_split_needs_two_prompts_on_each_rank():
     E = make_probe_batch(PROMPTS[:1], RESPONSES[:1], torch.zeros(1, 3), PAD, [R])
     with pytest.raises(ValueError, match="at least 2 prompts"):
         split_halves(E)
-
-
-def _eos_probabilities(model, params, E) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per response token: π_T(EOS | its state) (fp64, tempered full vocabulary) and the response mask."""
-    B, G, T = E["sequences"].shape
-    P = T - R
-    ids, mask = E["sequences"].view(B * G, T), E["attention_masks"].view(B * G, T)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    logits = functional_call(model, params, (), {"input_ids": ids, "attention_mask": mask, "position_ids": positions})
-    log_probs = torch.log_softmax(logits.logits[:, P - 1 : T - 1].double() / TEMPERATURE, -1)
-    valid = mask[:, P:].double()
-    return log_probs[..., EOS].exp() * valid, valid
-
-
-@pytest.mark.parametrize("hold", [None, (EOS,)])
-def test_the_end_of_sequence_hold_leaves_the_chance_of_ending_unchanged_to_first_order(hold):
-    model, optimizer, loss_step = _warmed_update()
-    E = make_probe_batch(PROMPTS, RESPONSES, torch.zeros(len(PROMPTS), 3), PAD, [R] * len(PROMPTS))
-    components = ProbeComponents(model, {"generation": {"temperature": TEMPERATURE, "top_p": 1.0}})
-    weights = WeightsAroundStep(components)
-    loss_step()
-    k = step_sensitivity(optimizer)
-    step_norm = math.sqrt(weights.swap())
-    sensitivity = measure(components, E, 2, k, weights, step_norm, hold=hold)
-    weights.restore()
-
-    half_a, _ = split_halves(E)
-    params = {n: p.detach() for n, p in model.named_parameters()}
-    direction = {n: sensitivity.entropy_step[n].float() for n in params}
-
-    def mean_eos_a(p):
-        lp, valid = _eos_probabilities(model, p, half_a)
-        return lp.sum() / valid.sum()
-
-    def mean_entropy_a(p):
-        h, valid = _token_entropies(model, p, half_a)
-        return h.sum() / valid.sum()
-
-    _, eos_change = jvp(mean_eos_a, (params,), (direction,))
-    _, entropy_change = jvp(mean_entropy_a, (params,), (direction,))
-    eos_grad = grad(mean_eos_a)(params)
-    # the scale the change is judged at: the same step's size along the EOS gradient (|⟨∇L, Δθ⟩| ≤ ‖∇L‖ ‖Δθ‖)
-    scale = math.sqrt(sum(float(g.double().square().sum()) for g in eos_grad.values())) * sensitivity.norm
-    assert float(entropy_change) > 0  # still an ascent of half A's entropy
-    if hold is None:
-        assert sensitivity.hold_share == 0.0
-        assert abs(float(eos_change)) > 1e-2 * scale, "the unheld step does not move EOS: the test shows nothing"
-    else:
-        assert 0.0 < sensitivity.hold_share < 1.0
-        assert abs(float(eos_change)) <= 1e-4 * scale, (float(eos_change), scale)
-
-
-def test_the_held_ids_are_the_policys_end_of_sequence_ones_and_none_is_refused():
-    from treetune_verl.control.controller import end_of_sequence_ids
-
-    model, _, _ = _warmed_update()
-    components = ProbeComponents(model, {"generation": {"temperature": TEMPERATURE, "top_p": 1.0}})
-    assert end_of_sequence_ids(components) == (EOS,)
-    model.config.eos_token_id = [EOS, 7]
-    assert end_of_sequence_ids(components) == (EOS, 7)
-    model.config.eos_token_id = None
-    with pytest.raises(ValueError, match=r"entropy_control\.hold_eos: the policy's model config names no end-of"):
-        end_of_sequence_ids(components)

@@ -32,8 +32,6 @@ def test_read_with_defaults_and_off_when_absent():
     assert given.coefficient_step == 0.02
     assert reactive.max_step_ratio == 1.0  # the trust region's default: verl's own step
     assert control_settings(_rollout({"target": 1.0, "width": 0.4, "max_step_ratio": 2})).max_step_ratio == 2.0
-    assert not reactive.hold_eos  # off unless asked
-    assert control_settings(_rollout({"target": 1.0, "width": 0.4, "hold_eos": True})).hold_eos
 
 
 BAD = [
@@ -52,8 +50,6 @@ BAD = [
     ({"target": 1.0, "width": 0.4, "rule": "pid"}, FORECAST, r"rule must be one of \['forecast', 'reactive'\]"),
     ({"target": 1.0, "width": 0.4, "coefficient_step": 0.01}, FORECAST, "coefficient_step is the reactive rule's"),
     ({"target": 1.0, "width": 0.4, "rule": "reactive", "coefficient_step": 0}, FORECAST, "coefficient_step must be"),
-    ({"target": 1.0, "width": 0.4, "hold_eos": "yes"}, FORECAST, "hold_eos must be true or false"),
-    ({"target": 1.0, "width": 0.4, "hold_eso": True}, FORECAST, "hold_eso: unknown key; did you mean 'hold_eos'"),
 ]
 
 
