@@ -29,7 +29,7 @@ from typing import Any
 
 from verl.workers.rollout.replica import get_rollout_replica_class
 
-from treetune_verl.patching import Replace
+from treetune_verl.patching import Replace, is_replaced
 from treetune_verl.rollout.rollout_config import check_rollout_config
 from treetune_verl.rollout.session import session_of
 from treetune_verl.rollout.token_output import ABORTED_STOP_REASON, EntropyTokenOutput, empty_token_output
@@ -144,6 +144,22 @@ class EntropySGLangHttpServer(SGLangHttpServer):
         install(top_k=entropy.top_k, mode=entropy.mode)
         await super().launch_server(master_address=master_address, master_port=master_port)
 
+    def _meta_info_tap(self) -> _MetaInfoTap:
+        """verl's ``self.tokenizer_manager`` behind our tap: put there at the first request (a ``Replace``), found as
+        ours at every later one (one lookup per request)."""
+        if not is_replaced(self, "tokenizer_manager"):
+            VERL.replace(
+                Replace(
+                    self,
+                    "tokenizer_manager",
+                    _MetaInfoTap,
+                    _untapped,
+                    why="an attribute of our own server, set by verl's launch_server: the TokenizerManager behind a tap",
+                    where="SGLangHttpServer.tokenizer_manager",
+                )
+            )
+        return self.tokenizer_manager
+
     async def generate(
         self, prompt_ids: Any, sampling_params: dict[str, Any], request_id: str, **kwargs: Any
     ) -> EntropyTokenOutput:
@@ -159,17 +175,7 @@ class EntropySGLangHttpServer(SGLangHttpServer):
         return_logprob = bool(sampling_params.get("logprobs", False))  # the parent pops it
         if session_of(request_id) in self._aborted_sessions:
             return self._no_token_output(return_logprob, ABORTED_STOP_REASON, session_aborted=True)
-        VERL.replace(
-            Replace(
-                self,
-                "tokenizer_manager",
-                _MetaInfoTap,
-                _untapped,
-                why="an attribute of our own server, set by verl's launch_server: the TokenizerManager behind our tap",
-                where="SGLangHttpServer.tokenizer_manager",
-            )
-        )  # once per server: then found as ours
-        tap = self.tokenizer_manager
+        tap = self._meta_info_tap()
         tap.expect(request_id)
         try:
             output = await super().generate(prompt_ids, sampling_params, request_id, **kwargs)

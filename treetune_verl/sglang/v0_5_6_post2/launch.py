@@ -3,8 +3,8 @@
 """``install`` on sglang 0.5.6.post2: our scheduler entry point injected, launches checked, TokenizerManager patched.
 
 ``custom_run_scheduler_process`` becomes ``sglang.srt.entrypoints.engine.run_scheduler_process`` (looked up by
-``_launch_subprocesses`` when it runs: a ``Replace``, as the spawned process runs our entry point whole), and ``_launch_subprocesses`` refuses unsupported server arguments before
-anything is spawned.
+``_launch_subprocesses`` when it runs: a ``Replace``, as the spawned process runs our entry point whole), and
+``_launch_subprocesses`` refuses unsupported server arguments before anything is spawned.
 """
 
 from __future__ import annotations

@@ -92,5 +92,5 @@ class ResumingLLMServerClient(FullyAsyncLLMServerClient, _AttemptTap):
 
 
 def resuming_client(client: Any) -> ResumingLLMServerClient:
-    """A copy of verl's plain ``client`` as a :class:`ResumingLLMServerClient` (``session_client``'s checks)."""
+    """A :class:`ResumingLLMServerClient` built as verl built its plain ``client`` (``session_client``'s checks)."""
     return session_client(client, ResumingLLMServerClient)  # only_hybrid=False: this client's servers never all go
