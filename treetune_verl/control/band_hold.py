@@ -5,8 +5,9 @@
     python -m treetune_verl.control.band_hold controlled=outputs/study/controlled/metrics.jsonl \\
         collapsing=outputs/study/collapsing/metrics.jsonl [--band-from controlled] [--first-step 3] [--json out.json]
 
-The band is the one the controlled arm logged (``control/band_low`` / ``control/band_high``, nats per token; the
-same at every step when set once at the first controlled update), or ``--band LOW HIGH``; every arm is judged on it.
+The band is the one the controlled arm logged (``control/band_low`` / ``control/band_high``, nats per token) on the
+judged steps (a ``target_fraction`` band is fixed after its ``reference_updates`` first updates: 3), or
+``--band LOW HIGH``; every arm is judged on it.
 Per arm, over the steps from ``--first-step`` on (the controller decides from step 1, but Adam's warm-up and the first
 updates are the run's own; issue 46 counts from step 3):
 
@@ -57,13 +58,14 @@ class BandHold:
     final_length: float
 
 
-def logged_band(run: Sequence[Step]) -> tuple[float, float]:
-    """The band a controlled run logged.
+def logged_band(run: Sequence[Step], first_step: int = FIRST_STEP) -> tuple[float, float]:
+    """The band a controlled run logged on its steps from ``first_step`` on.
 
     Raises:
-        ValueError: the run logged no band, or more than one (a band that moved cannot judge the others).
+        ValueError: the run logged no band there, or more than one (a band that moved cannot judge the others).
     """
-    bands = {(s.band_low, s.band_high) for s in run if math.isfinite(s.band_low) and math.isfinite(s.band_high)}
+    judged = [s for s in run if s.step >= first_step]
+    bands = {(s.band_low, s.band_high) for s in judged if math.isfinite(s.band_low) and math.isfinite(s.band_high)}
     if len(bands) != 1:
         raise ValueError(f"expected the one band of a controlled run, found {sorted(bands) or 'none'}")
     return bands.pop()
@@ -148,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         source = args.band_from or (controlled[0] if len(controlled) == 1 else None)
         if source not in runs:
             parser.error(f"--band-from: name one arm of {sorted(runs)} (arms with a band: {controlled}), or --band")
-        low, high = logged_band(runs[source])
+        low, high = logged_band(runs[source], args.first_step)
     rows = {arm: band_hold(run, low, high, args.first_step, args.last) for arm, run in runs.items()}
     print(markdown_table(rows, low, high, args.first_step))
     if args.json is not None:

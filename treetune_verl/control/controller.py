@@ -24,8 +24,11 @@ scaled by the on-policy gain κ the run's own updates measured (``on_policy_gain
 With ``rule: reactive`` (issue 46's anchor) the decision is TRL's adaptive coefficient from the entropy measured
 (``rule.reactive_coefficient``), through the same entropy step: the study compares the two rules on one actuator.
 
+The forecast rule steers to an aim (``aim.py``): the band's centre, raised by the shortfall the run has measured.
+
 State across updates (one ``Controller`` per actor worker, kept in the forecast's state): the previous coefficient
-(the rule's fallback holds it) and the band, resolved at the first update when the target is a fraction of E's entropy.
+(the rule's fallback holds it), the aim's offset, and the band, resolved over the first ``reference_updates`` updates
+when the target is a fraction of E's entropy (the share of their mean; fixed from then on).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from typing import Any
 import torch
 
 from treetune_verl.control.adam_sensitivity import step_sensitivity
+from treetune_verl.control.aim import IntegralAim
 from treetune_verl.control.on_policy_gain import OnPolicyGain
 from treetune_verl.control.rule import Band, Decision, choose_coefficient, reactive_coefficient
 from treetune_verl.control.sensitivity import measure, secant
@@ -57,6 +61,8 @@ class Controller:
     def __init__(self, settings: ControlSettings) -> None:
         self.settings = settings
         self.band: Band | None = None
+        self._reference: list[float] = []  # E's token entropy at the first updates (target_fraction's centre)
+        self.integral = IntegralAim(settings.integral_gain)  # the forecast rule's aim
         self.previous = 0.0
         self.moved = False
         # the reactive rule's state (settings.rule == "reactive"): its coefficient and the previous update's entropy
@@ -72,10 +78,15 @@ class Controller:
         self.moved = False
 
     def _band(self, h: float) -> Band:
-        if self.band is None:
-            s = self.settings
-            target = s.target if s.target is not None else s.target_fraction * h
-            self.band = Band(target, s.width)  # refuses a width above 2 · target (a fraction's, checked here)
+        """The band of this update: ``target``'s, or ``target_fraction`` of the mean of E's token entropy over the
+        first ``reference_updates`` updates (the mean so far until then; ``h`` is this update's)."""
+        s = self.settings
+        if s.target is not None:
+            self.band = self.band or Band(s.target, s.width)
+        elif len(self._reference) < s.reference_updates:
+            self._reference.append(h)
+            # refuses a width above 2 · target (a fraction's, checked here)
+            self.band = Band(s.target_fraction * sum(self._reference) / len(self._reference), s.width)
         return self.band
 
     def decide_and_apply(
@@ -99,6 +110,7 @@ class Controller:
         held_out = (torch.arange(token.tokens.numel()) // G) % 2 == 1
         self._held_out = (held_out, token.tokens[held_out], (token.h_before + token.first_step)[held_out])
         band = self._band(h)
+        aim = self.integral.aim(h, band) if self.settings.rule == "forecast" else band.target
         self.gain.observe(h)
         kappa = self.gain.gain  # the fixed-state forecast scaled to the entropy the policy will sample
 
@@ -113,6 +125,7 @@ class Controller:
                 bound,
                 self.previous,
                 self.settings.z,
+                aim,
             )
 
         weights = WeightsAroundStep(components)  # a copy of θ′ for the entropy step's forwards

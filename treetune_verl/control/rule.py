@@ -13,10 +13,11 @@ this ``c``). The forecast predicts, at E's states, in nats per token:
 
 To first order the entropy after the update is ``H + a + c · b``. The rule (:func:`choose_coefficient`):
 
-1. ``H + a`` at or above the band's centre: ``c = 0`` (the controller only ever adds entropy; above the centre the
-   policy gradient brings it down, below it the entropy step brings it back);
+1. ``H + a`` at or above the aim: ``c = 0`` (the controller only ever adds entropy; above the aim the policy
+   gradient brings it down, below it the entropy step brings it back);
 2. below it: ``c = (aim − H − a) / (b + z · b_se)``, clipped to ``[0, max_coefficient]``, with ``aim`` the band's
-   centre. Acting from the centre, not from the lower edge: E's token entropy of one step scatters by ~0.2-0.3 nats
+   centre, or above it by the shortfall the run has measured (``aim.py``: this rule falls short of its aim by
+   design). Acting from the centre, not from the lower edge: E's token entropy of one step scatters by ~0.2-0.3 nats
    around its trend at E = 16 responses (SmolLM2, ``forecast_study_runs_2026-11-28/current_30steps_collapsing``);
    a controller that waits for the lower edge holds the trend there, and that scatter puts about half of the steps
    below the band. From the centre, the trend stays near it, a scatter's width from either edge. The upper
@@ -70,10 +71,12 @@ class Decision:
     predicted_before: float  # H + a: E's token entropy after the plain step (nats per token)
     predicted_after: float  # H + a + c · b: after the controlled step
     fallback: bool  # the forecast could not tell; c is the previous update's
+    aim: float | None = None  # the level steered to (nats per token): the band's centre unless raised (aim.py)
 
     def metrics(self, band: Band) -> dict[str, float]:
         return {
             "control/target": band.target,
+            "control/aim": band.target if self.aim is None else self.aim,
             "control/band_low": band.low,
             "control/band_high": band.high,
             "control/predicted_before": self.predicted_before,
@@ -93,6 +96,7 @@ def choose_coefficient(
     max_coefficient: float,
     previous: float = 0.0,
     z: float = 2.0,
+    aim: float | None = None,
 ) -> Decision:
     """The coefficient of the entropy step for one update (module docstring: the rule and its fallback).
 
@@ -104,9 +108,11 @@ def choose_coefficient(
         max_coefficient: the largest coefficient the rule may choose (≥ 0).
         previous: the previous update's coefficient (the fallback's value, clipped to ``max_coefficient``).
         z: standard errors that make a sign or a width resolved.
+        aim: the level the rule steers to (nats per token; the band's centre when None), within the band.
 
     Raises:
-        ValueError: a non-finite input, a negative standard error, coefficient bound or ``z``.
+        ValueError: a non-finite input, a negative standard error, coefficient bound or ``z``; an aim outside the
+            band.
     """
     for name, value in {"h": h, "a": a, "a_se": a_se, "b": b, "b_se": b_se}.items():
         if not math.isfinite(value):
@@ -116,16 +122,19 @@ def choose_coefficient(
             f"standard errors, z, max_coefficient and previous must be >= 0: a_se={a_se}, b_se={b_se}, z={z}, "
             f"max_coefficient={max_coefficient}, previous={previous}"
         )
+    aim = band.target if aim is None else aim
+    if not band.low <= aim <= band.high:
+        raise ValueError(f"the aim must lie in the band [{band.low}, {band.high}], got {aim!r}")
     before = h + a
-    if before >= band.target:
-        return Decision(0.0, before, before, fallback=False)
+    if before >= aim:
+        return Decision(0.0, before, before, fallback=False, aim=aim)
     if b <= 0:  # the entropy's step does not raise E's entropy as measured: any of it goes the collapse's way
-        return Decision(0.0, before, before, fallback=True)
+        return Decision(0.0, before, before, fallback=True, aim=aim)
     if b <= z * b_se or z * a_se > band.width / 2:
         held = min(previous, max_coefficient)
-        return Decision(held, before, before + held * b, fallback=True)
-    coefficient = min(max((band.target - before) / (b + z * b_se), 0.0), max_coefficient)
-    return Decision(coefficient, before, before + coefficient * b, fallback=False)
+        return Decision(held, before, before + held * b, fallback=True, aim=aim)
+    coefficient = min(max((aim - before) / (b + z * b_se), 0.0), max_coefficient)
+    return Decision(coefficient, before, before + coefficient * b, fallback=False, aim=aim)
 
 
 def reactive_coefficient(

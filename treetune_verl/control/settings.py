@@ -5,8 +5,12 @@
 Keys (nats per token for entropies):
 
     target: float > 0          the band's centre in nats, or
-    target_fraction: float     the band's centre as a share in (0, 1] of E's token entropy at the first controlled
-                               update (exactly one of the two)
+    target_fraction: float     the band's centre as a share in (0, 1] of E's token entropy over the first
+                               ``reference_updates`` controlled updates (exactly one of the two)
+    reference_updates: int     ``target_fraction`` only: how many first updates' E entropies the band's centre is
+                               the share of (>= 1; 3): one step's E scatters by 0.15-0.3 nats (two starts of one
+                               SmolLM2 command set centres 0.22 nats apart from one each); until the last of them
+                               the band is the share of the mean so far
     width: float > 0           the band's width in nats (≤ 2 · target; with ``target_fraction`` checked at the first
                                update)
     max_coefficient: float     the largest coefficient of the entropy step (> 0; 1.0): a weight on the entropy as
@@ -20,6 +24,9 @@ Keys (nats per token for entropies):
     rule: str                  ``forecast`` (default: the coefficient solved from the forecast, ``rule.py``) or
                                ``reactive``: TRL's adaptive entropy coefficient (Skywork-OR1; ``rule.reactive``),
                                the anchor of issue 46's study, through the same entropy step
+    integral_gain: float       ``forecast`` only: the aim's integral action (in [0, 1]; 0.2; 0 off): the rule aims
+                               above the band's centre by the shortfall measured so far, at most width / 4
+                               (``aim.py``)
     coefficient_step: float    ``reactive`` only: the coefficient's change per update (> 0; TRL's
                                ``entropy_coef_delta``, 0.005), up while E's entropy is at or below the band's
                                centre, down otherwise, within ``[0, max_coefficient]``
@@ -40,7 +47,18 @@ from treetune_verl.config.keys import check_known_keys, plain
 from treetune_verl.rollout.rollout_config import read_key
 
 SECTION = "actor_rollout_ref.rollout.custom.entropy_control"
-KEYS = ("target", "target_fraction", "width", "max_coefficient", "z", "max_step_ratio", "rule", "coefficient_step")
+KEYS = (
+    "target",
+    "target_fraction",
+    "reference_updates",
+    "width",
+    "max_coefficient",
+    "z",
+    "max_step_ratio",
+    "rule",
+    "coefficient_step",
+    "integral_gain",
+)
 RULES = ("forecast", "reactive")
 
 
@@ -56,6 +74,8 @@ class ControlSettings:
     max_step_ratio: float = 1.0
     rule: str = "forecast"
     coefficient_step: float | None = None  # reactive only
+    integral_gain: float = 0.2  # the forecast rule's (0 with rule=reactive: TRL's rule has none)
+    reference_updates: int = 3  # target_fraction's (unused with target)
 
 
 def _number(section: Mapping, key: str, default: float | None) -> float | None:
@@ -114,4 +134,27 @@ def control_settings(rollout_config: Any) -> ControlSettings | None:
         raise ValueError(f"{SECTION}.coefficient_step is the reactive rule's (rule=reactive), got rule={rule!r}")
     if coefficient_step is not None and coefficient_step <= 0:
         raise ValueError(f"{SECTION}.coefficient_step must be > 0, got {coefficient_step}")
-    return ControlSettings(width, target, fraction, max_coefficient, z, max_step_ratio, rule, coefficient_step)
+    integral_gain = _number(section, "integral_gain", None)
+    if rule != "forecast" and integral_gain is not None:
+        raise ValueError(f"{SECTION}.integral_gain is the forecast rule's (rule=forecast), got rule={rule!r}")
+    if integral_gain is not None and not 0 <= integral_gain <= 1:
+        raise ValueError(f"{SECTION}.integral_gain must be in [0, 1], got {integral_gain}")
+    reference_updates = section.get("reference_updates")
+    if fraction is None and reference_updates is not None:
+        raise ValueError(f"{SECTION}.reference_updates sets the centre from target_fraction; with target it is fixed")
+    if reference_updates is not None and (
+        isinstance(reference_updates, bool) or not isinstance(reference_updates, int) or reference_updates < 1
+    ):
+        raise ValueError(f"{SECTION}.reference_updates must be an integer >= 1, got {reference_updates!r}")
+    return ControlSettings(
+        width,
+        target,
+        fraction,
+        max_coefficient,
+        z,
+        max_step_ratio,
+        rule,
+        coefficient_step,
+        (0.2 if rule == "forecast" else 0.0) if integral_gain is None else integral_gain,
+        3 if reference_updates is None else reference_updates,
+    )

@@ -76,6 +76,8 @@ def test_bad_input_is_refused_by_name(tmp_path):
     moved = read_run(_write(tmp_path / "m.jsonl", [1.5, 1.4], [0.5] * 2, band=(1.0, 1.8)))
     moved = [moved[0], type(moved[1])(**{**moved[1].__dict__, "band_low": 0.9})]
     with pytest.raises(ValueError, match="the one band"):
-        bh.logged_band(moved)
+        bh.logged_band(moved, first_step=1)
+    # a target_fraction band moves over its reference updates and is judged on the one it settled on
+    assert bh.logged_band(moved, first_step=2) == (0.9, 1.8)
     with pytest.raises(SystemExit):
         bh.main([f"stock={tmp_path / 's.jsonl'}"])  # no arm with a band and no --band

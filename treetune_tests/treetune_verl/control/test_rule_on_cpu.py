@@ -63,8 +63,10 @@ PRECONDITIONERS = {
 }
 
 
+@pytest.mark.parametrize("raised", [0.0, 0.25], ids=["centre", "raised_aim"])
 @pytest.mark.parametrize("optimizer", sorted(PRECONDITIONERS))
-def test_the_chosen_coefficient_puts_the_first_order_change_at_the_bands_centre(optimizer):
+def test_the_chosen_coefficient_puts_the_first_order_change_at_the_aim(optimizer, raised):
+    """At the band's centre, or at an aim a quarter width above it (``aim.py``'s largest)."""
     lr = 0.05
     step_j, step_h = _steps(THETA, lr, PRECONDITIONERS[optimizer])
     h = token_entropy(THETA).item()
@@ -73,21 +75,23 @@ def test_the_chosen_coefficient_puts_the_first_order_change_at_the_bands_centre(
     band = Band(target=h, width=-a)  # hold the entropy where it is; the plain step would leave the band
     assert h + a < band.low
 
-    decision = choose_coefficient(h, a, 0.0, b, 0.0, band, max_coefficient=100.0)
+    aim = band.target + raised * band.width
+    decision = choose_coefficient(h, a, 0.0, b, 0.0, band, max_coefficient=100.0, aim=aim)
 
     c = decision.coefficient
     assert not decision.fallback and c > 0
-    # the first-order change of the combined step, by jvp along it (not a + c b): exactly at the centre
+    # the first-order change of the combined step, by jvp along it (not a + c b): exactly at the aim
     first_order = _directional(THETA, step_j + c * step_h)
-    assert first_order == pytest.approx(band.target - h, abs=1e-12)
-    assert decision.predicted_after == pytest.approx(band.target, abs=1e-12)
+    assert first_order == pytest.approx(aim - h, abs=1e-12)
+    assert decision.predicted_after == pytest.approx(aim, abs=1e-12)
+    assert decision.metrics(band)["control/aim"] == aim
     # the exact entropy after each step: the plain one leaves the band, the controlled one stays in it, within the
     # second-order remainder of the step
     plain = token_entropy(THETA + step_j).item()
     controlled = token_entropy(THETA + step_j + c * step_h).item()
     assert plain < band.low
     assert band.low <= controlled <= band.high
-    assert abs(controlled - band.target) < 0.1 * abs(a)
+    assert abs(controlled - aim) < 0.1 * abs(a)
 
 
 def test_second_order_stays_small_as_the_step_shrinks():
@@ -147,6 +151,7 @@ def test_no_control_at_or_above_the_bands_centre_and_the_bound_holds():
     assert metrics["control/coefficient"] == 2.0 and metrics["control/band_low"] == pytest.approx(0.9)
     assert set(metrics) == {
         "control/target",
+        "control/aim",
         "control/band_low",
         "control/band_high",
         "control/predicted_before",
@@ -162,6 +167,8 @@ def test_no_control_at_or_above_the_bands_centre_and_the_bound_holds():
         ({"a": math.nan}, "a must be finite"),
         ({"b_se": -0.1}, "must be >= 0"),
         ({"max_coefficient": -1.0}, "must be >= 0"),
+        ({"aim": 1.2}, r"the aim must lie in the band \[0.9, 1.1\]"),
+        ({"aim": 0.85}, "the aim must lie in the band"),
     ],
 )
 def test_bad_input_is_refused_by_name(kwargs, message):

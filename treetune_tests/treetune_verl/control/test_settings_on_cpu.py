@@ -25,9 +25,13 @@ def test_read_with_defaults_and_off_when_absent():
     assert control_settings(_rollout({"target": 1.2, "width": 0.4})) == ControlSettings(0.4, target=1.2)
     got = control_settings(_rollout({"target_fraction": 0.8, "width": 0.5, "max_coefficient": 3, "z": 1}))
     assert got == ControlSettings(0.5, target_fraction=0.8, max_coefficient=3.0, z=1.0)
+    assert (got.integral_gain, got.reference_updates) == (0.2, 3)  # the aim's integral action, a 3-update centre
+    given = control_settings(_rollout({"target_fraction": 0.8, "width": 0.5, "reference_updates": 1}))
+    assert given.reference_updates == 1
+    assert control_settings(_rollout({"target": 1.0, "width": 0.4, "integral_gain": 0})).integral_gain == 0.0
     # the reactive anchor: TRL's step per update unless given
     reactive = control_settings(_rollout({"target": 1.0, "width": 0.4, "rule": "reactive"}))
-    assert (reactive.rule, reactive.coefficient_step) == ("reactive", 0.005)
+    assert (reactive.rule, reactive.coefficient_step, reactive.integral_gain) == ("reactive", 0.005, 0.0)
     given = control_settings(_rollout({"target": 1.0, "width": 0.4, "rule": "reactive", "coefficient_step": 0.02}))
     assert given.coefficient_step == 0.02
     assert reactive.max_step_ratio == 1.0  # the trust region's default: verl's own step
@@ -50,6 +54,11 @@ BAD = [
     ({"target": 1.0, "width": 0.4, "rule": "pid"}, FORECAST, r"rule must be one of \['forecast', 'reactive'\]"),
     ({"target": 1.0, "width": 0.4, "coefficient_step": 0.01}, FORECAST, "coefficient_step is the reactive rule's"),
     ({"target": 1.0, "width": 0.4, "rule": "reactive", "coefficient_step": 0}, FORECAST, "coefficient_step must be"),
+    ({"target": 1.0, "width": 0.4, "rule": "reactive", "integral_gain": 0.2}, FORECAST, "integral_gain is the forec"),
+    ({"target": 1.0, "width": 0.4, "integral_gain": 1.5}, FORECAST, r"integral_gain must be in \[0, 1\]"),
+    ({"target": 1.0, "width": 0.4, "reference_updates": 3}, FORECAST, "reference_updates sets the centre from"),
+    ({"target_fraction": 0.8, "width": 0.4, "reference_updates": 0}, FORECAST, "reference_updates must be an int"),
+    ({"target_fraction": 0.8, "width": 0.4, "reference_updates": 2.5}, FORECAST, "reference_updates must be an int"),
 ]
 
 
