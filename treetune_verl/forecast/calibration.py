@@ -69,6 +69,7 @@ HOLDOUT_SOFTMAX = TOKEN + "holdout/deltaH_softmax"
 COLLAPSE_WARNING = "probe/warning/collapse"
 PROBE_S, UPDATE_ACTOR_S, GEN_S = "timing_s/probe", "timing_s/update_actor", "timing_s/gen"
 EVAL_GEN_SHARE = "probe/eval_gen_token_share"
+PROBE_COST_RATIO = "probe/cost_ratio"  # the forecast's seconds (the controller's inside) over verl's own update's
 # the entropy controller's (treetune_verl/control), in a controlled arm only
 BAND_LOW, BAND_HIGH = "control/band_low", "control/band_high"
 CONTROL_COEFFICIENT, CONTROL_COST_RATIO = "control/coefficient", "control/cost_ratio"
@@ -102,7 +103,8 @@ class Step:
     holdout_softmax_se: float = math.nan
     warning: bool = False
     probe_s: float = math.nan
-    update_actor_s: float = math.nan
+    update_actor_s: float = math.nan  # verl's timer around the whole actor update: the forecast's seconds are inside it
+    probe_cost_ratio: float = math.nan
     eval_gen_share: float = math.nan
     band_low: float = math.nan  # the controller's band (nats per token), NaN without the controller
     band_high: float = math.nan
@@ -163,6 +165,7 @@ def read_run(metrics_jsonl: str | Path) -> list[Step]:
                 warning=_value(data, COLLAPSE_WARNING) >= 1.0,
                 probe_s=_value(data, PROBE_S),
                 update_actor_s=_value(data, UPDATE_ACTOR_S),
+                probe_cost_ratio=_value(data, PROBE_COST_RATIO),
                 eval_gen_share=_value(data, EVAL_GEN_SHARE),
                 band_low=_value(data, BAND_LOW),
                 band_high=_value(data, BAND_HIGH),

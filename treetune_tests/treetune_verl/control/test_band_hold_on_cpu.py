@@ -21,7 +21,9 @@ def _write(path, entropies, rewards, band=None, costs=None):
         f.write(json.dumps({"step": 0, "data": {"val-core/x/reward/mean@1": 0.5}}) + "\n")  # validation only: skipped
         for i, (h, r) in enumerate(zip(entropies, rewards, strict=True)):
             data = {ENTROPY: h, REWARD: r, LENGTH: 20.0 - 2 * i, "actor/pg_loss": 0.1}
+            # verl's update_actor timer contains the forecast's seconds: probe/cost_ratio is over the rest
             data.update({"timing_s/probe": 3.0 + i, "timing_s/update_actor": 10.0})
+            data["probe/cost_ratio"] = (3.0 + i) / (10.0 - (3.0 + i))
             if band is not None:
                 data.update({"control/band_low": band[0], "control/band_high": band[1]})
             if costs is not None:
@@ -42,10 +44,10 @@ def test_band_hold_counts_the_steps_from_step_3_inside_the_band(tmp_path):
     assert (r.start, r.lowest) == (2.0, 0.9) and r.lowest_share == pytest.approx(0.45)
     assert r.final_reward == pytest.approx((0.3 + 0.4 + 0.5 + 0.6 + 0.7) / 5)
     assert r.control_cost_ratio == pytest.approx(0.2)  # the median of 0.3, 0.5, 0.4, 0.2 x 4
-    assert r.probe_over_update == pytest.approx(0.6)  # the median of 0.3, 0.4, ..., 0.9
+    assert r.probe_cost_ratio == pytest.approx(1.5)  # the median of 3/7, 4/6, 5/5, 6/4, ... (not of 3/10, 4/10, ...)
     assert r.length_start == 20.0 and r.final_length == pytest.approx((16 + 14 + 12 + 10 + 8) / 5)
     table = bh.markdown_table({"controlled": r}, 1.0, 1.8, 3)
-    assert "| controlled | 60% (3/5) | 0.20 | 2.00 → 0.900 (45%) | 0.500 | 20.0 → 12.0 | 0.20 | 0.60 |" in table
+    assert "| controlled | 60% (3/5) | 0.20 | 2.00 → 0.900 (45%) | 0.500 | 20.0 → 12.0 | 0.20 | 1.50 |" in table
 
 
 def test_an_arm_without_the_controller_is_judged_on_the_controlled_arms_band(tmp_path, capsys):
