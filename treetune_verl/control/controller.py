@@ -26,7 +26,7 @@ With ``rule: reactive`` (issue 46's anchor) the decision is TRL's adaptive coeff
 
 The forecast rule steers to an aim (``aim.py``): the band's centre, raised by the shortfall the run has measured.
 
-State across updates (one ``Controller`` per actor worker, kept in the forecast's state): the previous coefficient
+State across updates (one ``Controller`` per actor worker, kept in the forecast's state): the last coefficient decided
 (the rule's fallback holds it), the aim's offset, and the band, resolved over the first ``reference_updates`` updates
 when the target is a fraction of E's entropy (the share of their mean; fixed from then on).
 """
@@ -147,7 +147,7 @@ class Controller:
                 self.moved = True
         finally:
             weights.restore()  # θ′ unless the step was kept
-        self.previous = decision.coefficient
+        self._remember(decision)
         self._k = None
         self._predicted_change = decision.coefficient * b  # at E's fixed states: what the held-out half measures
         self.gain.predicted(h, a + self._predicted_change)
@@ -166,6 +166,12 @@ class Controller:
             PREFIX + "on_policy_gain": kappa,  # κ: predicted_before / _after are H + κ a (+ κ c b)
             PREFIX + "on_policy_pairs": float(self.gain.pairs),
         }
+
+    def _remember(self, decision: Decision) -> None:
+        """Keep the coefficient the fallback holds: the last one decided (a held one, clipped by a smaller trust
+        region or held at nothing, would erode the hold over a run of fallbacks)."""
+        if not decision.fallback:
+            self.previous = decision.coefficient
 
     def _step_bound(self, entropy_step_norm: float, step_norm: float) -> float:
         """The largest coefficient whose step ``c · Δθ_H`` is at most ``max_step_ratio`` of verl's ``Δθ`` (norms over

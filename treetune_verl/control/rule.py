@@ -23,12 +23,16 @@ To first order the entropy after the update is ``H + a + c · b``. The rule (:fu
    below the band. From the centre, the trend stays near it, a scatter's width from either edge. The upper
    confidence bound of the sensitivity in the denominator shrinks ``c`` when ``b`` is uncertain:
    an error of the estimate under-steers, never overshoots by more than first order predicts;
-3. fallback, when the forecast cannot tell: the sensitivity's sign is unresolved (``0 < b ≤ z · b_se``) or the
-   prediction's error bar is wider than the band (``z · a_se > width / 2``): ``c`` stays at the previous update's
-   (never raised on noise, never dropped while a collapse is being held), ``fallback = True``; with ``b ≤ 0`` it is
-   0 (``fallback = True``): holding a step measured to lower the entropy is the collapse's own direction (on the
-   third controlled SmolLM2 run a held 0.19 with ``b = −4.5 ± 0.8`` took E's entropy from 1.30 to 0.30 nats, and the
-   run collapsed; spec "The first controlled runs").
+3. a sensitivity measured to be ≤ 0 (``b ≤ −z · b_se``; ``b ≤ 0`` without an error bar): ``c = 0``, a decision,
+   not a fallback: any entropy step goes the collapse's own way (on the third controlled SmolLM2 run a held 0.19 with
+   ``b = −4.5 ± 0.8`` took E's entropy from 1.30 to 0.30 nats, and the run collapsed; spec "The first controlled
+   runs");
+4. fallback, when the forecast cannot tell: the sensitivity's sign is unresolved (``|b| ≤ z · b_se``, either sign)
+   or the prediction's error bar is wider than the band (``z · a_se > width / 2``): ``c`` is ``previous``, the last
+   coefficient decided (the controller keeps it across fallbacks: never raised on noise, never dropped while a
+   collapse is being held), ``fallback = True``. An unresolved negative ``b`` holds too: zeroing on it had erased
+   the hold in the middle of a collapse (seed 11, current stack: ``b = −4.2 ± 5.7`` zeroed a held 0.083, the next two
+   unresolved updates held that 0, and the rollout entropy fell from 0.97 to 0.51; spec "The aim and a band").
 
 Shapes: scalars (one update, E pooled). Units: nats per token for ``H``, ``a``, ``b`` (per unit coefficient), the band.
 """
@@ -70,7 +74,7 @@ class Decision:
     coefficient: float  # c: the entropy step's share in this update
     predicted_before: float  # H + a: E's token entropy after the plain step (nats per token)
     predicted_after: float  # H + a + c · b: after the controlled step
-    fallback: bool  # the forecast could not tell; c is the previous update's
+    fallback: bool  # the forecast could not tell; c is the last decided one, held
     aim: float | None = None  # the level steered to (nats per token): the band's centre unless raised (aim.py)
 
     def metrics(self, band: Band) -> dict[str, float]:
@@ -106,7 +110,7 @@ def choose_coefficient(
         b, b_se: predicted change per unit coefficient of the entropy step and its standard error.
         band: the target band.
         max_coefficient: the largest coefficient the rule may choose (≥ 0).
-        previous: the previous update's coefficient (the fallback's value, clipped to ``max_coefficient``).
+        previous: the last coefficient decided, not held (the fallback's value, clipped to ``max_coefficient``).
         z: standard errors that make a sign or a width resolved.
         aim: the level the rule steers to (nats per token; the band's centre when None), within the band.
 
@@ -128,9 +132,9 @@ def choose_coefficient(
     before = h + a
     if before >= aim:
         return Decision(0.0, before, before, fallback=False, aim=aim)
-    if b <= 0:  # the entropy's step does not raise E's entropy as measured: any of it goes the collapse's way
-        return Decision(0.0, before, before, fallback=True, aim=aim)
-    if b <= z * b_se or z * a_se > band.width / 2:
+    if b <= -z * b_se:  # measured not to raise E's entropy: any entropy step goes the collapse's way
+        return Decision(0.0, before, before, fallback=False, aim=aim)
+    if abs(b) <= z * b_se or z * a_se > band.width / 2:
         held = min(previous, max_coefficient)
         return Decision(held, before, before + held * b, fallback=True, aim=aim)
     coefficient = min(max((aim - before) / (b + z * b_se), 0.0), max_coefficient)

@@ -125,14 +125,36 @@ def test_falls_back_to_the_previous_coefficient_when_the_forecast_cannot_tell():
     assert wide.fallback and wide.coefficient == 0.7
     # never above the bound, even when held
     assert choose_coefficient(1.0, -0.2, 0.06, 0.1, 0.0, band, max_coefficient=0.5, previous=0.7).coefficient == 0.5
-    # a sensitivity of the wrong sign (noise) never gives a negative or huge coefficient
+    # a sensitivity measured negative never gives a negative or huge coefficient: 0, decided
     wrong_sign = choose_coefficient(1.0, -0.2, 0.0, -0.05, 0.01, band, max_coefficient=10.0, previous=0.0)
-    assert wrong_sign.fallback and wrong_sign.coefficient == 0.0
-    # nor is a previous coefficient held once the step is measured to lower the entropy (resolved or not): holding
-    # 0.19 at b = -4.5 ± 0.8 collapsed a SmolLM2 run
-    for b, b_se in ((-4.5, 0.8), (-0.2, 0.3), (0.0, 0.0)):
+    assert not wrong_sign.fallback and wrong_sign.coefficient == 0.0
+    # nor is a previous coefficient held once the step is measured to lower the entropy: holding 0.19 at
+    # b = -4.5 ± 0.8 collapsed a SmolLM2 run; a zero b without an error bar does nothing either
+    for b, b_se in ((-4.5, 0.8), (-0.7, 0.3), (0.0, 0.0)):
+        zeroed = choose_coefficient(1.0, -0.2, 0.0, b, b_se, band, max_coefficient=10.0, previous=0.19)
+        assert not zeroed.fallback and zeroed.coefficient == 0.0 and zeroed.predicted_after == zeroed.predicted_before
+    # an unresolved sign, negative included, holds: zeroing on b = -4.2 ± 5.7 erased a hold mid-collapse (seed 11)
+    for b, b_se in ((-4.2, 5.7), (-0.2, 0.3), (0.0, 0.1)):
         held = choose_coefficient(1.0, -0.2, 0.0, b, b_se, band, max_coefficient=10.0, previous=0.19)
-        assert held.fallback and held.coefficient == 0.0 and held.predicted_after == held.predicted_before
+        assert held.fallback and held.coefficient == 0.19
+        assert held.predicted_after == pytest.approx(0.8 + 0.19 * b)
+
+
+def test_the_hold_is_the_last_coefficient_decided():
+    """The controller's ``previous``: a fallback (held under a smaller bound, or nothing decided) leaves it; a
+    decision, zero included, sets it."""
+    from treetune_verl.control.controller import Controller
+    from treetune_verl.control.rule import Decision
+    from treetune_verl.control.settings import ControlSettings
+
+    controller = Controller(ControlSettings(0.4, target=1.0))
+    for decision, expected in (
+        (Decision(0.08, 0.8, 1.0, fallback=False), 0.08),
+        (Decision(0.03, 0.8, 0.9, fallback=True), 0.08),  # held, clipped by the trust region's bound
+        (Decision(0.0, 0.8, 0.8, fallback=False), 0.0),  # measured to lower the entropy
+    ):
+        controller._remember(decision)
+        assert controller.previous == expected
 
 
 def test_no_control_at_or_above_the_bands_centre_and_the_bound_holds():
