@@ -60,6 +60,8 @@ KEYS = (
     "integral_gain",
 )
 RULES = ("forecast", "reactive")
+INTEGRAL_GAIN = 0.2  # the forecast rule's default (aim.py); the reactive rule has none
+REFERENCE_UPDATES = 3  # target_fraction's default
 
 
 @dataclass(frozen=True)
@@ -74,8 +76,8 @@ class ControlSettings:
     max_step_ratio: float = 1.0
     rule: str = "forecast"
     coefficient_step: float | None = None  # reactive only
-    integral_gain: float = 0.2  # the forecast rule's (0 with rule=reactive: TRL's rule has none)
-    reference_updates: int = 3  # target_fraction's (unused with target)
+    integral_gain: float = INTEGRAL_GAIN  # the forecast rule's (0 with rule=reactive: TRL's rule has none)
+    reference_updates: int = REFERENCE_UPDATES  # target_fraction's (unused with target)
 
 
 def _number(section: Mapping, key: str, default: float | None) -> float | None:
@@ -155,6 +157,6 @@ def control_settings(rollout_config: Any) -> ControlSettings | None:
         max_step_ratio,
         rule,
         coefficient_step,
-        (0.2 if rule == "forecast" else 0.0) if integral_gain is None else integral_gain,
-        3 if reference_updates is None else reference_updates,
+        (INTEGRAL_GAIN if rule == "forecast" else 0.0) if integral_gain is None else integral_gain,
+        REFERENCE_UPDATES if reference_updates is None else reference_updates,
     )
