@@ -126,6 +126,7 @@ class Controller:
                 self.previous,
                 self.settings.z,
                 aim,
+                self.settings.two_sided,
             )
 
         weights = WeightsAroundStep(components)  # a copy of θ′ for the entropy step's forwards
@@ -135,13 +136,13 @@ class Controller:
             # the trust region: the controller's step at most max_step_ratio of verl's (settings.py)
             bound = min(self.settings.max_coefficient, self._step_bound(sensitivity.norm, step_norm))
             decision = decide(b, b_se, bound) if self.settings.rule == "forecast" else self._react(h, a, b, band, bound)
-            if decision.coefficient > 0 and self.settings.rule == "forecast":
+            if decision.coefficient != 0 and self.settings.rule == "forecast":
                 # the rule's step measured whole: the secant over it, then the rule again
                 at_prime = (self._held_out[1], self._held_out[2])
                 args = (components, E, mb_size_prompts, sensitivity.entropy_step, decision.coefficient, weights)
                 b, b_se = secant(*args, at_prime, sum_over_ranks)
                 decision = decide(b, b_se, bound)
-            if decision.coefficient > 0:  # θ′ + c · Δθ_H written from the copy of θ′, and kept
+            if decision.coefficient != 0:  # θ′ + c · Δθ_H written from the copy of θ′, and kept
                 weights.displace(sensitivity.entropy_step, decision.coefficient)
                 weights.keep()
                 self.moved = True
@@ -161,7 +162,7 @@ class Controller:
             PREFIX + "b_slope_se": sensitivity.b_se,
             PREFIX + "b": b,  # what the decision used: the secant over the step when the rule acts, else the slope
             PREFIX + "b_se": b_se,
-            PREFIX + "entropy_step_ratio": decision.coefficient * norm / step_norm if step_norm > 0 else math.nan,
+            PREFIX + "entropy_step_ratio": abs(decision.coefficient) * norm / step_norm if step_norm > 0 else math.nan,
             PREFIX + "coefficient_bound": bound,  # max_coefficient, or the trust region's when smaller
             PREFIX + "on_policy_gain": kappa,  # κ: predicted_before / _after are H + κ a (+ κ c b)
             PREFIX + "on_policy_pairs": float(self.gain.pairs),
@@ -169,9 +170,11 @@ class Controller:
 
     def _remember(self, decision: Decision) -> None:
         """Keep the coefficient the fallback holds: the last one decided (a held one, clipped by a smaller trust
-        region or held at nothing, would erode the hold over a run of fallbacks)."""
+        region or held at nothing, would erode the hold over a run of fallbacks), 0 after a lowering one: the hold
+        keeps a collapse held, and a negative coefficient held under the aim would push the entropy the collapse's
+        way."""
         if not decision.fallback:
-            self.previous = decision.coefficient
+            self.previous = max(decision.coefficient, 0.0)
 
     def _step_bound(self, entropy_step_norm: float, step_norm: float) -> float:
         """The largest coefficient whose step ``c · Δθ_H`` is at most ``max_step_ratio`` of verl's ``Δθ`` (norms over

@@ -27,6 +27,8 @@ Keys (nats per token for entropies):
     integral_gain: float       ``forecast`` only: the aim's integral action (in [0, 1]; 0.2; 0 off): the rule aims
                                above the band's centre by the shortfall measured so far, at most width / 4
                                (``aim.py``)
+    two_sided: bool            ``forecast`` only: the rule also lowers a prediction resolved above the aim toward
+                               it (a negative coefficient, ``rule.py``; true); false: the raise-only rule (a floor)
     coefficient_step: float    ``reactive`` only: the coefficient's change per update (> 0; TRL's
                                ``entropy_coef_delta``, 0.005), up while E's entropy is at or below the band's
                                centre, down otherwise, within ``[0, max_coefficient]``
@@ -58,6 +60,7 @@ KEYS = (
     "rule",
     "coefficient_step",
     "integral_gain",
+    "two_sided",
 )
 RULES = ("forecast", "reactive")
 INTEGRAL_GAIN = 0.2  # the forecast rule's default (aim.py); the reactive rule has none
@@ -78,6 +81,7 @@ class ControlSettings:
     coefficient_step: float | None = None  # reactive only
     integral_gain: float = INTEGRAL_GAIN  # the forecast rule's (0 with rule=reactive: TRL's rule has none)
     reference_updates: int = REFERENCE_UPDATES  # target_fraction's (unused with target)
+    two_sided: bool = True  # the forecast rule's (False with rule=reactive: TRL's coefficient is >= 0)
 
 
 def _number(section: Mapping, key: str, default: float | None) -> float | None:
@@ -141,6 +145,11 @@ def control_settings(rollout_config: Any) -> ControlSettings | None:
         raise ValueError(f"{SECTION}.integral_gain is the forecast rule's (rule=forecast), got rule={rule!r}")
     if integral_gain is not None and not 0 <= integral_gain <= 1:
         raise ValueError(f"{SECTION}.integral_gain must be in [0, 1], got {integral_gain}")
+    two_sided = section.get("two_sided")
+    if rule != "forecast" and two_sided is not None:
+        raise ValueError(f"{SECTION}.two_sided is the forecast rule's (rule=forecast), got rule={rule!r}")
+    if two_sided is not None and not isinstance(two_sided, bool):
+        raise ValueError(f"{SECTION}.two_sided must be true or false, got {two_sided!r}")
     reference_updates = section.get("reference_updates")
     if fraction is None and reference_updates is not None:
         raise ValueError(f"{SECTION}.reference_updates sets the centre from target_fraction; with target it is fixed")
@@ -159,4 +168,5 @@ def control_settings(rollout_config: Any) -> ControlSettings | None:
         coefficient_step,
         (INTEGRAL_GAIN if rule == "forecast" else 0.0) if integral_gain is None else integral_gain,
         REFERENCE_UPDATES if reference_updates is None else reference_updates,
+        rule == "forecast" if two_sided is None else two_sided,
     )

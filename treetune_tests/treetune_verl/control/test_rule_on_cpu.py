@@ -94,6 +94,65 @@ def test_the_chosen_coefficient_puts_the_first_order_change_at_the_aim(optimizer
     assert abs(controlled - aim) < 0.1 * abs(a)
 
 
+@pytest.mark.parametrize("optimizer", sorted(PRECONDITIONERS))
+def test_a_prediction_above_the_aim_is_lowered_to_it_by_a_negative_coefficient(optimizer):
+    """``two_sided``: the plain step would leave the band above its top; the coefficient (< 0, a step against the
+    entropy's gradient) puts the exact first-order change at the aim; the raise-only rule leaves the plain step."""
+    lr = 0.05
+    step_j, step_h = _steps(THETA, lr, PRECONDITIONERS[optimizer])
+    h = token_entropy(THETA).item()
+    a, b = _directional(THETA, step_j), _directional(THETA, step_h)
+    band = Band(target=h + 2 * a, width=-a)  # [h + 2.5 a, h + 1.5 a]: the plain step's h + a is above it
+    assert h + a > band.high
+
+    decision = choose_coefficient(h, a, 0.0, b, 0.0, band, max_coefficient=100.0, two_sided=True)
+
+    c = decision.coefficient
+    assert not decision.fallback and c < 0
+    first_order = _directional(THETA, step_j + c * step_h)
+    assert first_order == pytest.approx(band.target - h, abs=1e-12)
+    assert decision.predicted_after == pytest.approx(band.target, abs=1e-12)
+    plain = token_entropy(THETA + step_j).item()
+    controlled = token_entropy(THETA + step_j + c * step_h).item()
+    assert plain > band.high
+    assert band.low <= controlled <= band.high
+    assert abs(controlled - band.target) < 0.1 * abs(a)
+    floor = choose_coefficient(h, a, 0.0, b, 0.0, band, max_coefficient=100.0, two_sided=False)
+    assert floor.coefficient == 0.0 and floor.predicted_after == floor.predicted_before
+
+
+def test_lowering_only_where_the_forecast_can_tell_and_never_past_the_aim():
+    """Every doubt gives 0 above the aim (the plain step), never a held coefficient; an uncertain ``b`` under-steers;
+    the bound caps the lowering step as it caps the raising one."""
+    band = Band(1.0, 0.4)  # [0.8, 1.2]
+    h, a, b = 1.4, -0.1, 0.5  # predicted 1.3: above the band
+
+    def rule(**kwargs):
+        args = {"a_se": 0.0, "b": b, "b_se": 0.0, "max_coefficient": 10.0, "previous": 0.7, "two_sided": True}
+        return choose_coefficient(h, a, band=band, **{**args, **kwargs})
+
+    exact = rule()
+    assert exact.coefficient == pytest.approx(-0.6) and exact.predicted_after == pytest.approx(1.0)  # (1.3-1.0)/0.5
+    noisy = rule(b_se=0.1)
+    assert noisy.coefficient == pytest.approx(-0.3 / 0.7)
+    assert band.target < noisy.predicted_after < h + a  # short of the aim, never under it
+    assert rule(a_se=0.1).coefficient == pytest.approx(-0.6)  # 1.3 - 2 · 0.1 > 1.0: resolved above
+    for doubt in (
+        {"a_se": 0.09, "aim": 1.15},  # 1.3 - 0.18 < 1.15: above the aim only within its error bar (not wide)
+        {"b_se": 0.3},  # b's sign unresolved
+        {"b": -0.5, "b_se": 0.1},  # measured to lower the entropy: a negative coefficient would raise it
+        {"b": 0.0},
+    ):
+        zero = rule(**doubt)
+        assert zero.coefficient == 0.0 and not zero.fallback and zero.predicted_after == zero.predicted_before
+    # a prediction resolved above the aim but with an error bar wider than the band: 0 as well
+    assert choose_coefficient(2.5, -0.1, 0.21, b, 0.0, band, 10.0, two_sided=True).coefficient == 0.0
+    capped = rule(max_coefficient=0.2)
+    assert capped.coefficient == -0.2 and capped.predicted_after == pytest.approx(1.2)
+    # a raised aim (aim.py) is where it steers, from above as from below
+    assert rule(aim=1.1).predicted_after == pytest.approx(1.1)
+
+
 def test_second_order_stays_small_as_the_step_shrinks():
     """The rule is first order: its miss of the centre falls as lr² (halving lr quarters it, within 10 %)."""
     misses = []
@@ -152,6 +211,8 @@ def test_the_hold_is_the_last_coefficient_decided():
         (Decision(0.08, 0.8, 1.0, fallback=False), 0.08),
         (Decision(0.03, 0.8, 0.9, fallback=True), 0.08),  # held, clipped by the trust region's bound
         (Decision(0.0, 0.8, 0.8, fallback=False), 0.0),  # measured to lower the entropy
+        (Decision(0.05, 0.8, 0.9, fallback=False), 0.05),
+        (Decision(-0.04, 1.3, 1.1, fallback=False), 0.0),  # a lowering step: nothing to hold under the aim
     ):
         controller._remember(decision)
         assert controller.previous == expected

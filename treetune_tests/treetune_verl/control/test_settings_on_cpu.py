@@ -35,6 +35,9 @@ def test_read_with_defaults_and_off_when_absent():
     given = control_settings(_rollout({"target": 1.0, "width": 0.4, "rule": "reactive", "coefficient_step": 0.02}))
     assert given.coefficient_step == 0.02
     assert reactive.max_step_ratio == 1.0  # the trust region's default: verl's own step
+    # the forecast rule holds both edges unless told to be a floor; TRL's coefficient never goes below 0
+    assert got.two_sided and not reactive.two_sided
+    assert not control_settings(_rollout({"target": 1.0, "width": 0.4, "two_sided": False})).two_sided
     assert control_settings(_rollout({"target": 1.0, "width": 0.4, "max_step_ratio": 2})).max_step_ratio == 2.0
 
 
@@ -56,6 +59,9 @@ BAD = [
     ({"target": 1.0, "width": 0.4, "rule": "reactive", "coefficient_step": 0}, FORECAST, "coefficient_step must be"),
     ({"target": 1.0, "width": 0.4, "rule": "reactive", "integral_gain": 0.2}, FORECAST, "integral_gain is the forec"),
     ({"target": 1.0, "width": 0.4, "integral_gain": 1.5}, FORECAST, r"integral_gain must be in \[0, 1\]"),
+    ({"target": 1.0, "width": 0.4, "rule": "reactive", "two_sided": True}, FORECAST, "two_sided is the forecast ru"),
+    ({"target": 1.0, "width": 0.4, "two_sided": "yes"}, FORECAST, "two_sided must be true or false"),
+    ({"target": 1.0, "width": 0.4, "two_sided": 1}, FORECAST, "two_sided must be true or false"),
     ({"target": 1.0, "width": 0.4, "reference_updates": 3}, FORECAST, "reference_updates sets the centre from"),
     ({"target_fraction": 0.8, "width": 0.4, "reference_updates": 0}, FORECAST, "reference_updates must be an int"),
     ({"target_fraction": 0.8, "width": 0.4, "reference_updates": 2.5}, FORECAST, "reference_updates must be an int"),
