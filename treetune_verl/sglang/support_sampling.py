@@ -1,0 +1,54 @@
+# Copyright 2026 The treetune-verl Authors
+# SPDX-License-Identifier: Apache-2.0
+"""The installed sglang's torch sampler as a copy that also returns its weights (``v0_5_*/support_sampling.py``),
+refused unless upstream's function is exactly the one it was copied from (issue 48, engine side).
+
+A copy is the one way to read the support sglang's sampler draws from without sorting the vocabulary twice (the
+version modules say why); a copy that drifts from upstream would record one support and sample from another, so it
+is checked by the hash of upstream's source, not only its signature.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from treetune_verl.sglang.patching import SGLANG, check_sglang_version, original_of
+
+UPSTREAM = "sglang.srt.layers.sampler.top_k_top_p_min_p_sampling_from_probs_torch"
+
+
+def source_sha256(fn: Callable[..., Any]) -> str:
+    """The sha256 of the source of the upstream function behind ``fn``."""
+    return hashlib.sha256(inspect.getsource(original_of(fn)).encode()).hexdigest()
+
+
+def upstream_source_problem(fn: Callable[..., Any], expected_sha256: str) -> str | None:
+    """``None`` when upstream's function is the one the copy was made from, else what differs."""
+    found = source_sha256(fn)
+    return None if found == expected_sha256 else f"has source sha256 {found}, the copy was made from {expected_sha256}"
+
+
+def sample_with_support() -> Callable[..., tuple[Any, Any, Any]]:
+    """The installed version's ``sample_with_support`` (same arguments as upstream's function; returns the ids, the
+    sorted weights it drew from and their token ids).
+
+    Raises:
+        UnsupportedSGLangError: another sglang version, or upstream's function changed (naming the versions).
+    """
+    version = check_sglang_version()
+    from sglang.srt.layers import sampler
+
+    if version == "0.5.6.post2":
+        from treetune_verl.sglang.v0_5_6_post2 import support_sampling as copy
+    else:
+        from treetune_verl.sglang.v0_5_12 import support_sampling as copy
+    problem = upstream_source_problem(sampler.top_k_top_p_min_p_sampling_from_probs_torch, copy.UPSTREAM_SOURCE_SHA256)
+    if problem is not None:
+        raise SGLANG.error(
+            f"{UPSTREAM} {problem} (sglang {SGLANG.versions}): the sampled support would not be the one it samples "
+            f"from. {SGLANG.install_hint}"
+        )
+    return copy.sample_with_support
