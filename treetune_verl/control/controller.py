@@ -113,6 +113,11 @@ class Controller:
         aim = self.integral.aim(h, band) if self.settings.rule == "forecast" else band.target
         self.gain.observe(h)
         kappa = self.gain.gain  # the fixed-state forecast scaled to the entropy the policy will sample
+        # the predicted level's own standard error over E's responses (E's level is a sample: the lowering side must
+        # clear it, rule.py)
+        _, level_se = ratio_and_se(
+            sum_over_ranks(ratio_moments(token.h_before + kappa * token.first_step, token.tokens))
+        )
 
         def decide(b: float, b_se: float, bound: float) -> Decision:
             return choose_coefficient(
@@ -127,6 +132,7 @@ class Controller:
                 self.settings.z,
                 aim,
                 self.settings.two_sided,
+                level_se if math.isfinite(level_se) else UNRESOLVED,
             )
 
         weights = WeightsAroundStep(components)  # a copy of θ′ for the entropy step's forwards
@@ -158,6 +164,7 @@ class Controller:
             PREFIX + "H_before": h,
             PREFIX + "change_plain": a,
             PREFIX + "change_plain_se": a_se,
+            PREFIX + "predicted_before_se": level_se,  # of H + κ a over E's responses
             PREFIX + "b_slope": sensitivity.b,  # at θ′ (central difference)
             PREFIX + "b_slope_se": sensitivity.b_se,
             PREFIX + "b": b,  # what the decision used: the secant over the step when the rule acts, else the slope

@@ -15,9 +15,11 @@ To first order the entropy after the update is ``H + a + c · b``. The rule (:fu
 
 1. ``H + a`` at or above the aim: ``c = 0``, or, with ``two_sided`` (the default since the held-out runs, below),
    ``c = −(H + a − aim) / (b + z · b_se)`` (a step against the entropy's gradient, clipped to ``−max_coefficient``),
-   only where all of these hold, else ``c = 0``: the prediction is above the aim beyond its error bar
-   (``H + a − z · a_se > aim``), the sensitivity's sign is resolved positive (``b > z · b_se``) and the prediction's
-   error bar is narrower than the band (``z · a_se ≤ width / 2``). A negative coefficient is the collapse's own
+   only where all of these hold, else ``c = 0``: the predicted level is above the aim beyond its own error bar
+   (``H + a − z · level_se > aim``, ``level_se`` the standard error of ``H + a`` over E's responses: E's level is a
+   sample of 16 responses, and mid-collapse two such samples of one policy differed by 1.04 nats, spec "The upper
+   edge"), the sensitivity's sign is resolved positive (``b > z · b_se``) and the prediction's error bar is narrower
+   than the band (``z · a_se ≤ width / 2``). A negative coefficient is the collapse's own
    direction, so every doubt gives 0 (the plain step, never a held coefficient of either sign), and the same upper
    bound of ``b`` in the denominator under-steers: to first order the entropy lands between the aim and the plain
    step's prediction, never under the aim. Why lower at all: a band has two edges, and over the four held-out
@@ -110,6 +112,7 @@ def choose_coefficient(
     z: float = 2.0,
     aim: float | None = None,
     two_sided: bool = False,
+    level_se: float | None = None,
 ) -> Decision:
     """The coefficient of the entropy step for one update (module docstring: the rule and its fallback).
 
@@ -123,17 +126,21 @@ def choose_coefficient(
         z: standard errors that make a sign or a width resolved.
         aim: the level the rule steers to (nats per token; the band's centre when None), within the band.
         two_sided: also lower a prediction above the aim (step 1 of the module docstring); ``False``: ``c ≥ 0``.
+        level_se: the standard error of the predicted level ``h + a`` over E's responses (``a_se`` when None), which
+            the lowering side must clear.
 
     Raises:
         ValueError: a non-finite input, a negative standard error, coefficient bound or ``z``; an aim outside the
             band.
     """
-    for name, value in {"h": h, "a": a, "a_se": a_se, "b": b, "b_se": b_se}.items():
+    level_se = a_se if level_se is None else level_se
+    for name, value in {"h": h, "a": a, "a_se": a_se, "b": b, "b_se": b_se, "level_se": level_se}.items():
         if not math.isfinite(value):
             raise ValueError(f"{name} must be finite, got {value!r} (a missing forecast is not a zero change)")
-    if a_se < 0 or b_se < 0 or z < 0 or max_coefficient < 0 or previous < 0:
+    if a_se < 0 or b_se < 0 or level_se < 0 or z < 0 or max_coefficient < 0 or previous < 0:
         raise ValueError(
-            f"standard errors, z, max_coefficient and previous must be >= 0: a_se={a_se}, b_se={b_se}, z={z}, "
+            f"standard errors, z, max_coefficient and previous must be >= 0: a_se={a_se}, b_se={b_se}, "
+            f"level_se={level_se}, z={z}, "
             f"max_coefficient={max_coefficient}, previous={previous}"
         )
     aim = band.target if aim is None else aim
@@ -141,7 +148,7 @@ def choose_coefficient(
         raise ValueError(f"the aim must lie in the band [{band.low}, {band.high}], got {aim!r}")
     before = h + a
     if before >= aim:
-        resolved_above = before - z * a_se > aim and b > z * b_se and z * a_se <= band.width / 2
+        resolved_above = before - z * level_se > aim and b > z * b_se and z * a_se <= band.width / 2
         if not (two_sided and resolved_above):
             return Decision(0.0, before, before, fallback=False, aim=aim)
         coefficient = -min((before - aim) / (b + z * b_se), max_coefficient)

@@ -145,6 +145,9 @@ def test_lowering_only_where_the_forecast_can_tell_and_never_past_the_aim():
     ):
         zero = rule(**doubt)
         assert zero.coefficient == 0.0 and not zero.fallback and zero.predicted_after == zero.predicted_before
+    # the level itself a sample: E's 16 responses put it at 1.99 where the rollout's put it at 0.95 (pinned seed 19,
+    # update 8): a level above the aim only within its own standard error is not lowered, however narrow a_se is
+    assert rule(level_se=0.16).coefficient == 0.0 and rule(level_se=0.14).coefficient == pytest.approx(-0.6)
     # a prediction resolved above the aim but with an error bar wider than the band: 0 as well
     assert choose_coefficient(2.5, -0.1, 0.21, b, 0.0, band, 10.0, two_sided=True).coefficient == 0.0
     capped = rule(max_coefficient=0.2)
@@ -249,6 +252,8 @@ def test_no_control_at_or_above_the_bands_centre_and_the_bound_holds():
     [
         ({"a": math.nan}, "a must be finite"),
         ({"b_se": -0.1}, "must be >= 0"),
+        ({"level_se": -0.1}, "must be >= 0"),
+        ({"level_se": math.nan}, "level_se must be finite"),
         ({"max_coefficient": -1.0}, "must be >= 0"),
         ({"aim": 1.2}, r"the aim must lie in the band \[0.9, 1.1\]"),
         ({"aim": 0.85}, "the aim must lie in the band"),
