@@ -13,11 +13,11 @@ this ``c``). The forecast predicts, at E's states, in nats per token:
 
 To first order the entropy after the update is ``H + a + c · b``. The rule (:func:`choose_coefficient`):
 
-1. ``H + a`` at or above the aim: ``c = 0``, or, with ``two_sided`` (the default since the held-out runs, below),
+1. ``H + a`` at or above the aim: ``c = 0``, or, with ``two_sided`` (the controller's default, ``settings.py``),
    ``c = −(H + a − aim) / (b + z · b_se)`` (a step against the entropy's gradient, clipped to ``−max_coefficient``),
    only where all of these hold, else ``c = 0``: the predicted level is above the aim beyond its own error bar
    (``H + a − z · level_se > aim``, ``level_se`` the standard error of ``H + a`` over E's responses: E's level is a
-   sample of 16 responses, and mid-collapse two such samples of one policy differed by 1.04 nats, spec "The upper
+   sample (16 responses on the SmolLM2 runs), and mid-collapse two such samples of one policy differed by 1.04 nats, spec "The upper
    edge"), the sensitivity's sign is resolved positive (``b > z · b_se``) and the prediction's error bar is narrower
    than the band (``z · a_se ≤ width / 2``). A negative coefficient is the collapse's own
    direction, so every doubt gives 0 (the plain step, never a held coefficient of either sign), and the same upper
