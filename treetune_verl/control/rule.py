@@ -147,15 +147,16 @@ def choose_coefficient(
     if not band.low <= aim <= band.high:
         raise ValueError(f"the aim must lie in the band [{band.low}, {band.high}], got {aim!r}")
     before = h + a
+    wide = z * a_se > band.width / 2  # the prediction's error bar wider than the band: neither side acts on it
     if before >= aim:
-        resolved_above = before - z * level_se > aim and b > z * b_se and z * a_se <= band.width / 2
+        resolved_above = before - z * level_se > aim and b > z * b_se and not wide
         if not (two_sided and resolved_above):
             return Decision(0.0, before, before, fallback=False, aim=aim)
         coefficient = -min((before - aim) / (b + z * b_se), max_coefficient)
         return Decision(coefficient, before, before + coefficient * b, fallback=False, aim=aim)
     if b <= -z * b_se:  # measured not to raise E's entropy: any entropy step goes the collapse's way
         return Decision(0.0, before, before, fallback=False, aim=aim)
-    if abs(b) <= z * b_se or z * a_se > band.width / 2:
+    if abs(b) <= z * b_se or wide:
         held = min(previous, max_coefficient)
         return Decision(held, before, before + held * b, fallback=True, aim=aim)
     coefficient = min(max((aim - before) / (b + z * b_se), 0.0), max_coefficient)

@@ -93,6 +93,12 @@ def _number(section: Mapping, key: str, default: float | None) -> float | None:
     return float(value)
 
 
+def _refuse_with_another_rule(key: str, value: Any, owner: str, rule: str) -> None:
+    """Raise when ``key``, a setting of the ``owner`` rule only, is given (``value`` not None) with another rule."""
+    if rule != owner and value is not None:
+        raise ValueError(f"{SECTION}.{key} is the {owner} rule's (rule={owner}), got rule={rule!r}")
+
+
 def control_settings(rollout_config: Any) -> ControlSettings | None:
     """``ControlSettings`` from a rollout config (DictConfig, dict or verl's ``RolloutConfig``), or ``None`` (off).
 
@@ -136,18 +142,15 @@ def control_settings(rollout_config: Any) -> ControlSettings | None:
     if rule not in RULES:
         raise ValueError(f"{SECTION}.rule must be one of {list(RULES)}, got {rule!r}")
     coefficient_step = _number(section, "coefficient_step", 0.005 if rule == "reactive" else None)
-    if rule != "reactive" and coefficient_step is not None:
-        raise ValueError(f"{SECTION}.coefficient_step is the reactive rule's (rule=reactive), got rule={rule!r}")
+    _refuse_with_another_rule("coefficient_step", coefficient_step, "reactive", rule)
     if coefficient_step is not None and coefficient_step <= 0:
         raise ValueError(f"{SECTION}.coefficient_step must be > 0, got {coefficient_step}")
     integral_gain = _number(section, "integral_gain", None)
-    if rule != "forecast" and integral_gain is not None:
-        raise ValueError(f"{SECTION}.integral_gain is the forecast rule's (rule=forecast), got rule={rule!r}")
+    _refuse_with_another_rule("integral_gain", integral_gain, "forecast", rule)
     if integral_gain is not None and not 0 <= integral_gain <= 1:
         raise ValueError(f"{SECTION}.integral_gain must be in [0, 1], got {integral_gain}")
     two_sided = section.get("two_sided")
-    if rule != "forecast" and two_sided is not None:
-        raise ValueError(f"{SECTION}.two_sided is the forecast rule's (rule=forecast), got rule={rule!r}")
+    _refuse_with_another_rule("two_sided", two_sided, "forecast", rule)
     if two_sided is not None and not isinstance(two_sided, bool):
         raise ValueError(f"{SECTION}.two_sided must be true or false, got {two_sided!r}")
     reference_updates = section.get("reference_updates")

@@ -62,8 +62,9 @@ def read_support(weights: torch.Tensor, sampled: torch.Tensor, order: torch.Tens
     if bool((sizes == 0).any()):
         raise ValueError(f"rows {torch.nonzero(sizes == 0).flatten().tolist()} have no positive weight")
     mass = weights.sum(dim=-1)
-    logq = torch.log(weights / mass[:, None]).clamp_(min=torch.finfo(torch.float32).min)  # 0 · log 0 counted as 0
-    entropy = -(weights / mass[:, None] * logq).sum(dim=-1)
+    q = weights / mass[:, None]  # renormalised over the support
+    logq = torch.log(q).clamp_(min=torch.finfo(torch.float32).min)  # 0 · log 0 counted as 0
+    entropy = -(q * logq).sum(dim=-1)
     sampled = sampled.long()
     if order is None:
         position = sampled

@@ -11,6 +11,7 @@ is checked by the hash of upstream's source, not only its signature.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +19,10 @@ from typing import Any
 from treetune_verl.sglang.patching import SGLANG, check_sglang_version, original_of
 
 UPSTREAM = "sglang.srt.layers.sampler.top_k_top_p_min_p_sampling_from_probs_torch"
+# The copy of each supported sglang version (a newer one let through by the escape hatch is checked against 0.5.12's,
+# as ``engine.py`` hands it 0.5.12's adapter; the source hash then refuses it unless upstream's function is unchanged).
+_COPIES = {"0.5.6.post2": "treetune_verl.sglang.v0_5_6_post2.support_sampling"}
+_NEWEST_COPY = "treetune_verl.sglang.v0_5_12.support_sampling"
 
 
 def source_sha256(fn: Callable[..., Any]) -> str:
@@ -38,13 +43,9 @@ def sample_with_support() -> Callable[..., tuple[Any, Any, Any]]:
     Raises:
         UnsupportedSGLangError: another sglang version, or upstream's function changed (naming the versions).
     """
-    version = check_sglang_version()
+    copy = importlib.import_module(_COPIES.get(check_sglang_version(), _NEWEST_COPY))
     from sglang.srt.layers import sampler
 
-    if version == "0.5.6.post2":
-        from treetune_verl.sglang.v0_5_6_post2 import support_sampling as copy
-    else:
-        from treetune_verl.sglang.v0_5_12 import support_sampling as copy
     problem = upstream_source_problem(sampler.top_k_top_p_min_p_sampling_from_probs_torch, copy.UPSTREAM_SOURCE_SHA256)
     if problem is not None:
         raise SGLANG.error(
