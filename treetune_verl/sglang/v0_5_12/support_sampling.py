@@ -4,8 +4,8 @@
 
 ``sglang.srt.layers.sampler.top_k_top_p_min_p_sampling_from_probs_torch`` sorts the probabilities, zeroes what the
 row's top-k, top-p and min-p drop and draws from the rest; the weights it draws from are its locals, so no wrapper
-can read them, and sorting again would repeat its most expensive step (a full-vocabulary sort: 74 ms for 16 rows of
-SmolLM2's 49,152 tokens on one CPU thread). This copy runs the same operations in the same order and returns the
+can read them, and sorting again would repeat its most expensive step (a second full-vocabulary sort of every row,
+each step). This copy runs the same operations in the same order and returns the
 sampled ids as upstream does, plus ``probs_sort`` after the filters and ``probs_idx``: the support by construction,
 ties and the top-p boundary included. ``UPSTREAM_SOURCE_SHA256`` is the hash of the upstream function's source this
 copy was made from; ``support_sampling.upstream_source_problem`` refuses any other. sglang >= 0.5.20 returns the
