@@ -24,8 +24,8 @@ STAMP   := $(VENV)/.treetune-setup-done
 ARGS    ?=
 PYTEST_ARGS ?=
 
-# The current stack's suite: the real-Engine tests (one file, both stacks), the sglang side's version-independent
-# tests and the 0.5.12 adapter's, the generation job (both backends) and make run's CLI, managed sessions on the real Engine
+# The current stack's suite: the real-Engine tests (entropy and the sampled support, both stacks), the sglang side's
+# version-independent tests and the 0.5.12 adapter's, the generation job (both backends) and make run's CLI, managed sessions on the real Engine
 # (EngineBackend), our server on verl 0.9.1's (scoped abort), the V1 trainer's setup and seams, verl's CPU runtime
 # patches and the rollout-entropy block in verl 0.9.1's GRPO on CPU (the full / resume variants, with over-sampling,
 # forking tokens and the forecast on), over-sampling (the estimator / loss tables with verl's padding rows, the replay
@@ -40,6 +40,8 @@ CURRENT_TESTS := \
 	treetune_tests/treetune_verl/sglang/test_current_stack_on_cpu.py \
 	treetune_tests/treetune_verl/sglang/test_entropy_on_cpu.py \
 	treetune_tests/treetune_verl/sglang/test_config_on_cpu.py \
+	treetune_tests/treetune_verl/sglang/test_support_on_cpu.py \
+	treetune_tests/treetune_verl/sglang/test_support_engine_on_cpu.py \
 	treetune_tests/treetune_verl/generation/test_generation_job_on_cpu.py \
 	treetune_tests/treetune_verl/generation/test_quick_run_on_cpu.py \
 	treetune_tests/treetune_verl/generation/test_verl_runner_on_cpu.py \

@@ -104,6 +104,14 @@ def _write(owner: Any, name: str, value: Any) -> None:
         owner[name] = value
 
 
+def upstream_value(owner: Any, name: str) -> Any:
+    """``owner.name`` as upstream has it: the original behind our :class:`Replace` or :class:`Wrap`, else itself."""
+    record = _records(owner).get(name)
+    if record is not None and _read(owner, name) is record[1]:
+        return record[0]
+    return original_of(_read(owner, name))
+
+
 def is_replaced(owner: Any, name: str) -> bool:
     """Whether ``owner.name`` (``owner[name]`` for a mapping) is still the value a :class:`Replace` set."""
     record = _records(owner).get(name)

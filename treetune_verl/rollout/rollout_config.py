@@ -42,6 +42,12 @@ def entropy_config(rollout_config: Any) -> EntropyConfig:
     section = read_key(read_key(rollout_config, "custom"), ENTROPY_SECTION) or {}
     top_k = read_key(section, "top_k", 0)
     mode = read_key(section, "mode", "raw")
+    if mode == "support":  # the engine side exists (sglang/support_capture.py); verl's side does not yet
+        raise ValueError(
+            f"{CONFIG_PATH}.custom.{ENTROPY_SECTION}.mode='support' is not carried into verl yet (issue 48: the "
+            "support reaches sglang's meta_info only; the actor's log-probs would still be full-vocabulary). Use "
+            "'raw' or 'tempered'."
+        )
     try:
         return EntropyConfig(top_k=top_k, mode=mode)
     except ValueError as exc:

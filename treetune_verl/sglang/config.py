@@ -12,7 +12,11 @@ environment variables, which sglang's spawned scheduler process inherits and rea
     TREETUNE_ENTROPY_MODE    raw (default): softmax(logits) before temperature;
                              tempered: softmax(logits / T) with each request's temperature T, the distribution
                              that sglang's returned logprobs and verl's actor entropy refer to (top-p/top-k/min-p
-                             truncation of the sampler is not applied in either mode)
+                             truncation of the sampler is not applied in either mode);
+                             support: the entropy of the distribution each token was sampled from, renormalised over
+                             the support the request's own top-k/top-p/min-p left (sglang's sampler, read where it
+                             samples: ``support_capture.py``), and that support with each token
+                             (``meta_info["output_token_support"]``)
 """
 
 from __future__ import annotations
@@ -24,11 +28,11 @@ from typing import Literal
 ENV_ENABLED = "TREETUNE_ENTROPY"
 ENV_TOP_K = "TREETUNE_ENTROPY_TOP_K"
 ENV_MODE = "TREETUNE_ENTROPY_MODE"
-EntropyMode = Literal["raw", "tempered"]
+EntropyMode = Literal["raw", "tempered", "support"]
 # Key added to each scheduler's internal state (Engine.get_server_info()["internal_states"][i]), both sglang versions:
 # the number of requests whose entropy the scheduler still holds; 0 once every request has finished or been aborted.
 INTERNAL_STATE_KEY = "treetune_entropy_requests"
-ENTROPY_MODES: tuple[str, ...] = ("raw", "tempered")
+ENTROPY_MODES: tuple[str, ...] = ("raw", "tempered", "support")
 
 
 def validate_top_k(top_k: object) -> int | None:
@@ -53,6 +57,11 @@ class EntropyConfig:
         object.__setattr__(self, "top_k", validate_top_k(self.top_k))
         if self.mode not in ENTROPY_MODES:
             raise ValueError(f"entropy mode must be one of {ENTROPY_MODES}, got {self.mode!r}")
+        if self.mode == "support" and self.top_k is not None:
+            raise ValueError(
+                f"top_k={self.top_k} with mode 'support': the support is the one the request's own top-k/top-p/min-p "
+                "left in sglang's sampler; top_k is the other modes' truncation of the entropy. Set top_k=0."
+            )
 
     @classmethod
     def from_env(cls) -> EntropyConfig:

@@ -58,6 +58,8 @@ def entropy_for_sampling(
             ``tempered`` mode.
         config: raw = softmax(logits); tempered = softmax(logits / T); ``top_k`` renormalises over the k largest.
     """
+    if config.mode == "support":
+        raise ValueError("mode 'support' reads the entropy where sglang samples: support_capture.forward_with_support")
     if config.mode == "tempered":
         logits = logits.float() / temperatures
     return compute_entropy(logits, config.top_k)

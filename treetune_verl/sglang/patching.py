@@ -21,6 +21,7 @@ from treetune_verl.patching import (
     original_of,
     replace_attr,
     takes,
+    upstream_value,
 )
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "original_of",
     "replace_attr",
     "takes",
+    "upstream_value",
 ]
 
 SUPPORTED_SGLANG_VERSIONS: tuple[str, ...] = ("0.5.6.post2", "0.5.12")  # pinned stack, current stack

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from treetune_verl.sglang.config import EntropyConfig
 from treetune_verl.sglang.entropy import entropy_for_sampling
+from treetune_verl.sglang.support_capture import forward_with_support
 
-# Attribute set on sglang's LogitsProcessorOutput: [bs] float32 entropies (nats), on the logits' device.
+# Attribute set on sglang's LogitsProcessorOutput: [bs] float32 entropies (nats), on the logits' device; in mode
+# "support" the step's support.StepSupport.
 LOGITS_OUTPUT_ENTROPY_ATTR = "next_token_entropy"
 
 # sglang 0.5.6.post2 and 0.5.12 layers/sampler.py Sampler.forward: the signature our wrappers repeat.
@@ -41,6 +43,17 @@ def make_entropy_sampler(sampler_cls: type) -> type:
         ):
             # Entropy is returned with logprobs only, so batches that want none pay nothing. Computed before
             # super().forward, which divides by temperature and softmaxes logits in place.
+            if return_logprob and self.entropy_config.mode == "support":  # read where sglang samples
+                upstream = super().forward
+                ids, support = forward_with_support(
+                    lambda: upstream(
+                        logits_output, sampling_info, return_logprob, top_logprobs_nums, token_ids_logprobs, positions
+                    ),
+                    logits_output.next_token_logits,
+                    sampling_info,
+                )
+                setattr(logits_output, LOGITS_OUTPUT_ENTROPY_ATTR, support)
+                return ids
             if return_logprob:
                 entropy = entropy_for_sampling(
                     logits_output.next_token_logits, sampling_info.temperatures, self.entropy_config

@@ -14,9 +14,10 @@ import hashlib
 import importlib
 import inspect
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
-from treetune_verl.sglang.patching import SGLANG, check_sglang_version, original_of
+from treetune_verl.sglang.patching import SGLANG, check_sglang_version, original_of, upstream_value
 
 UPSTREAM = "sglang.srt.layers.sampler.top_k_top_p_min_p_sampling_from_probs_torch"
 # The copy of each supported sglang version (a newer one let through by the escape hatch is checked against 0.5.12's,
@@ -36,9 +37,9 @@ def upstream_source_problem(fn: Callable[..., Any], expected_sha256: str) -> str
     return None if found == expected_sha256 else f"has source sha256 {found}, the copy was made from {expected_sha256}"
 
 
-def sample_with_support() -> Callable[..., tuple[Any, Any, Any]]:
-    """The installed version's ``sample_with_support`` (same arguments as upstream's function; returns the ids, the
-    sorted weights it drew from and their token ids).
+def installed_copy() -> ModuleType:
+    """The installed version's copy module (``sample_with_support``, ``UPSTREAM_SOURCE_SHA256``), after checking
+    that upstream's function is the one it was copied from.
 
     Raises:
         UnsupportedSGLangError: another sglang version, or upstream's function changed (naming the versions).
@@ -46,10 +47,17 @@ def sample_with_support() -> Callable[..., tuple[Any, Any, Any]]:
     copy = importlib.import_module(_COPIES.get(check_sglang_version(), _NEWEST_COPY))
     from sglang.srt.layers import sampler
 
-    problem = upstream_source_problem(sampler.top_k_top_p_min_p_sampling_from_probs_torch, copy.UPSTREAM_SOURCE_SHA256)
+    upstream = upstream_value(sampler, UPSTREAM.rsplit(".", 1)[1])  # also once ours is bound in its name
+    problem = upstream_source_problem(upstream, copy.UPSTREAM_SOURCE_SHA256)
     if problem is not None:
         raise SGLANG.error(
             f"{UPSTREAM} {problem} (sglang {SGLANG.versions}): the sampled support would not be the one it samples "
             f"from. {SGLANG.install_hint}"
         )
-    return copy.sample_with_support
+    return copy
+
+
+def sample_with_support() -> Callable[..., tuple[Any, Any, Any]]:
+    """The installed version's ``sample_with_support`` (same arguments as upstream's function; returns the ids, the
+    sorted weights it drew from and their token ids); raises as :func:`installed_copy`."""
+    return installed_copy().sample_with_support

@@ -3,7 +3,7 @@
 """Patches on sglang's ``TokenizerManager`` (0.5.6.post2 and 0.5.12 alike), in the process that owns the Engine.
 
 Last stop of the sglang side: the entropy values that the scheduler sent with each output chunk become
-``meta_info["output_token_entropy"]`` of the request.
+``meta_info["output_token_entropy"]`` of the request (and, in mode ``support``, ``meta_info["output_token_support"]``).
 
 ``convert_logprob_style`` runs for every output chunk of a request with ``return_logprob=True``: the wrapper
 extends a per-request list kept on sglang's own ``ReqState`` (so it is freed with the request) with the chunk's
@@ -17,11 +17,15 @@ from __future__ import annotations
 import functools
 import logging
 
+from treetune_verl.sglang.config import EntropyConfig
 from treetune_verl.sglang.patching import SGLANG, Wrap, check_sglang_version
 
 logger = logging.getLogger(__name__)
 
 META_INFO_ENTROPY_KEY = "output_token_entropy"  # list[float], nats, aligned with "output_token_logprobs"
+# Mode "support" only: list[(size, kept_mass, sampled_logprob, token_ids | None)] aligned with the same
+# (support.TOKEN_SUPPORT_FIELDS); the scheduler sends (entropy, support) per token, split here.
+META_INFO_SUPPORT_KEY = "output_token_support"
 REQ_STATE_ENTROPY_ATTR = "treetune_output_token_entropy"  # list[float] on sglang's ReqState
 # True on sglang's ReqState once one of the request's chunks was refused (a version adapter found an output whose
 # entropy lists do not line up with its rows) or its values stopped lining up with its logprobs: the request gets no
@@ -101,10 +105,16 @@ def _wrap_add_to_meta(original):
                 len(values),
                 len(logprobs),
             )
-        elif values is not None:
-            meta_info[META_INFO_ENTROPY_KEY] = list(values)  # a copy: the state's list keeps growing while streaming
-        elif not logprobs:
-            meta_info[META_INFO_ENTROPY_KEY] = []  # no token yet (e.g. aborted while waiting): nothing to align
+        elif values is not None:  # copies: the state's list keeps growing while streaming
+            if values and isinstance(values[0], tuple):  # mode "support": (entropy, support) per token
+                meta_info[META_INFO_ENTROPY_KEY] = [entropy for entropy, _ in values]
+                meta_info[META_INFO_SUPPORT_KEY] = [support for _, support in values]
+            else:
+                meta_info[META_INFO_ENTROPY_KEY] = list(values)
+        elif not logprobs:  # no token yet (e.g. aborted while waiting): nothing to align
+            meta_info[META_INFO_ENTROPY_KEY] = []
+            if EntropyConfig.from_env().mode == "support":
+                meta_info[META_INFO_SUPPORT_KEY] = []
 
     return add_logprob_to_meta_info
 

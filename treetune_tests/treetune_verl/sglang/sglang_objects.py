@@ -36,7 +36,7 @@ from sglang.srt.model_executor import model_runner as model_runner_mod
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import PortArgs, ServerArgs
 
-from treetune_verl.sglang.patching import original_of
+from treetune_verl.sglang.patching import upstream_value
 
 VOCAB = 64  # vocabulary of the synthetic logits and of the synthetic scheduler Reqs (token ids stay below it)
 EOS = 2
@@ -45,6 +45,7 @@ EOS = 2
 # patches and restored afterwards, so the pytest session sees sglang exactly as it was.
 SCHEDULER_TARGETS: list[tuple[Any, str]] = [
     (sampler_mod, "Sampler"),
+    (sampler_mod, "top_k_top_p_min_p_sampling_from_probs_torch"),
     (model_runner_mod, "Sampler"),
     (Scheduler, "process_batch_result_prefill"),
     (Scheduler, "process_batch_result_decode"),
@@ -76,7 +77,7 @@ def unpatch(monkeypatch: pytest.MonkeyPatch, targets: list[tuple[Any, str]]) -> 
     """Snapshot, then set each target to its upstream object, whatever an earlier test of the session left."""
     snapshot(monkeypatch, targets)
     for owner, name in targets:
-        monkeypatch.setattr(owner, name, original_of(getattr(owner, name)))
+        monkeypatch.setattr(owner, name, upstream_value(owner, name))
 
 
 class CaptureSocket:

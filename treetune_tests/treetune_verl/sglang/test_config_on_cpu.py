@@ -74,7 +74,7 @@ class TestValidation:
             EntropyConfig(top_k=bad)
 
     def test_modes(self):
-        assert ENTROPY_MODES == ("raw", "tempered")
+        assert ENTROPY_MODES == ("raw", "tempered", "support")
         assert EntropyConfig().mode == "raw"
         with pytest.raises(ValueError, match="mode"):
             EntropyConfig(mode="sharpened")  # type: ignore[arg-type]

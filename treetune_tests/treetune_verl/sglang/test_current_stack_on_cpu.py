@@ -97,15 +97,21 @@ def test_install_refuses_a_plugin_allow_list_without_ours(pristine, monkeypatch)
     assert os.environ["TREETUNE_ENTROPY"] == "1" and os.environ["TREETUNE_ENTROPY_TOP_K"] == "5"
 
 
-def test_step_entropy_is_the_tensor_copied_once():
+def test_step_values_are_made_once_at_the_first_read():
     import torch
 
-    from treetune_verl.sglang.v0_5_12.scheduler_hooks import StepEntropy
+    from treetune_verl.sglang.v0_5_12.scheduler_hooks import StepValues
 
-    values = StepEntropy(torch.tensor([0.5, 1.25, 2.0]))
-    assert values._values is None  # nothing copied until sglang reads a row
+    copies = []
+
+    def make():
+        copies.append(1)
+        return torch.tensor([0.5, 1.25, 2.0]).tolist()
+
+    values = StepValues(make)
+    assert values._values is None and not copies  # nothing copied until sglang reads a row
     assert [values[i] for i in range(3)] == [0.5, 1.25, 2.0] and len(values) == 3
-    assert values._tensor is None  # the device tensor is released after the one copy
+    assert len(copies) == 1 and values._make is None  # one copy; the device tensors released after it
 
 
 def _batch_output(rids: list[str], customized_info: dict):

@@ -22,11 +22,12 @@ reference for what is sampled, and the support's rules written here.
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from treetune_verl.sglang.patching import UnsupportedSGLangError
+from treetune_verl.sglang.patching import UnsupportedSGLangError, upstream_value
 from treetune_verl.sglang.support import read_support
 from treetune_verl.sglang.support_sampling import sample_with_support
 
@@ -70,9 +71,11 @@ def reference_support(p: torch.Tensor, top_k: int, top_p: float, min_p: float) -
 
 
 def _upstream():
-    from sglang.srt.layers.sampler import top_k_top_p_min_p_sampling_from_probs_torch
+    from sglang.srt.layers import sampler
 
-    return top_k_top_p_min_p_sampling_from_probs_torch
+    # upstream's, also when an Engine of this session bound our copy to its name (mode "support" on 0.5.12 applies
+    # the scheduler's hooks in the parent too)
+    return upstream_value(sampler, "top_k_top_p_min_p_sampling_from_probs_torch")
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -190,8 +193,10 @@ def test_read_support_refuses_what_does_not_fit():
         read_support(weights, torch.tensor([1]), order)  # token 1 sits at a zeroed position
     with pytest.raises(ValueError, match="no positive weight"):
         read_support(torch.zeros(1, 3), torch.tensor([0]), order)
-    with pytest.raises(ValueError, match="not in order"):
-        read_support(weights, torch.tensor([7]), order)
+    with pytest.raises(ValueError, match="outside the support"):
+        read_support(weights, torch.tensor([7]), order)  # not in the order at all
+    with pytest.raises(ValueError, match="not a prefix"):
+        read_support(torch.tensor([[0.6, 0.0, 0.4]]), torch.tensor([2]), order)
     with pytest.raises(ValueError, match=r"weights \[n, V\]"):
         read_support(weights, torch.tensor([0, 1]), order)
 
@@ -205,3 +210,67 @@ def test_a_changed_upstream_sampler_is_refused_by_its_source(monkeypatch):
     monkeypatch.setattr(sampler, "top_k_top_p_min_p_sampling_from_probs_torch", changed)
     with pytest.raises(UnsupportedSGLangError, match="the copy was made from"):
         sample_with_support()
+
+
+def test_untruncated_rows_store_no_ids_and_each_token_travels_as_one_row():
+    probs, top_ks, top_ps, min_ps = _batch(5)
+    torch.manual_seed(0)
+    ids, weights, order = sample_with_support()(probs, top_ks, top_ps, min_ps, True, None, None)
+    whole = (top_ks >= V) & (top_ps >= 1.0) & (min_ps <= 0.0)
+    assert whole.tolist() == [row[1:] == (1.0, TOP_K_ALL, 0.0) for row in ROWS]
+    support = read_support(weights, ids, order, whole)
+    for i, (entropy, (size, kept_mass, logprob, token_ids)) in enumerate(support.rows()):
+        _, top_p, top_k, min_p = ROWS[i]
+        kept = reference_support(probs[i], top_k, top_p, min_p)
+        assert size == len(kept)
+        assert token_ids == (None if whole[i] else kept)  # by descending probability
+        assert (entropy, kept_mass, logprob) == pytest.approx(
+            (float(support.entropy[i]), float(support.kept_mass[i]), float(support.sampled_logprob[i]))
+        )
+
+
+def test_binding_the_copy_in_sglangs_name_is_idempotent_and_samples_as_upstream():
+    from sglang.srt.layers import sampler
+
+    from treetune_verl.patching import restore
+    from treetune_verl.sglang.support_capture import install_support_sampling
+
+    name = "top_k_top_p_min_p_sampling_from_probs_torch"
+    upstream = upstream_value(sampler, name)
+    probs, top_ks, top_ps, min_ps = _batch(6)
+    try:
+        install_support_sampling()
+        bound = getattr(sampler, name)
+        assert bound is not upstream
+        install_support_sampling()
+        assert getattr(sampler, name) is bound
+        sample_with_support()  # the source check reads upstream's function behind our binding
+        torch.manual_seed(0)
+        ours = bound(probs.clone(), top_ks, top_ps, min_ps, True, None, None)
+        torch.manual_seed(0)
+        assert torch.equal(ours, upstream(probs.clone(), top_ks, top_ps, min_ps, True, None, None))
+    finally:
+        restore(sampler, name)
+    assert getattr(sampler, name) is upstream
+
+
+def test_mode_support_is_refused_where_sglang_samples_elsewhere():
+    from treetune_verl.rollout.rollout_config import entropy_config
+    from treetune_verl.sglang.config import EntropyConfig
+    from treetune_verl.sglang.server_args import check_server_args
+
+    assert EntropyConfig(mode="support").mode == "support"
+    with pytest.raises(ValueError, match="top_k=5 with mode 'support'"):
+        EntropyConfig(top_k=5, mode="support")
+    check_server_args(SimpleNamespace(sampling_backend="pytorch"), mode="support")
+    for field, value, message in [
+        ("sampling_backend", "flashinfer", "sampling_backend='flashinfer' with entropy mode 'support'"),
+        ("enable_deterministic_inference", True, "enable_deterministic_inference with entropy mode 'support'"),
+        ("enable_custom_logit_processor", True, "enable_custom_logit_processor with entropy mode 'support'"),
+    ]:
+        settings = SimpleNamespace(**{"sampling_backend": "pytorch", field: value})
+        check_server_args(settings, mode="tempered")  # the other modes read the logits before any of them
+        with pytest.raises(UnsupportedSGLangError, match=message):
+            check_server_args(settings, mode="support")
+    with pytest.raises(ValueError, match=r"mode='support' is not carried into verl yet \(issue 48"):
+        entropy_config({"calculate_log_probs": True, "custom": {"entropy": {"mode": "support"}}})

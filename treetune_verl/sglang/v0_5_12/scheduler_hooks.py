@@ -1,6 +1,7 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""Inside sglang 0.5.12's scheduler process: every sampled step's entropy into sglang's ``customized_info`` channel.
+"""Inside sglang 0.5.12's scheduler process: every sampled step's entropy (and in mode ``support`` each token's
+sampled support, ``support_capture.py``) into sglang's ``customized_info`` channel.
 
 Two wraps. ``Sampler.forward`` records the values; ``Scheduler.get_internal_state`` reports how many requests the
 scheduler still holds with values (``INTERNAL_STATE_KEY``, as on 0.5.6.post2: 0 once all have finished or been
@@ -21,14 +22,13 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
-
-import torch
+from collections.abc import Callable, Sequence
 
 from treetune_verl.sglang.config import INTERNAL_STATE_KEY, EntropyConfig
 from treetune_verl.sglang.entropy import entropy_for_sampling
 from treetune_verl.sglang.patching import SGLANG, Wrap
 from treetune_verl.sglang.sampler import SAMPLER_FORWARD_PARAMS
+from treetune_verl.sglang.support_capture import forward_with_support, install_support_sampling
 
 # Key of our values in sglang's customized_info (LogitsProcessorOutput -> Req -> BatchTokenIDOutput/BatchStrOutput).
 CUSTOMIZED_INFO_KEY = "treetune_output_token_entropy"
@@ -37,23 +37,25 @@ _INTERNAL_STATE_PARAMS = ("self", "recv_req")  # sglang 0.5.12 managers/schedule
 _config = EntropyConfig()
 
 
-class StepEntropy(Sequence):
-    """One step's ``[bs]`` entropies (nats), copied to the host at the first read: one transfer per step.
+class StepValues(Sequence):
+    """One step's per-row values, made on the host at the first read (``make``): one transfer per step.
 
     sglang reads ``values[i]`` once per row, after waiting for the step's ``copy_done`` event (overlap scheduling),
-    so the device tensor is final by then and the copy does not stall the forward thread that computed it.
+    so the device tensors are final by then and the copy does not stall the forward thread that computed them.
+    Each value is a row's entropy (nats), or in mode ``support`` its ``(entropy, token support)`` pair
+    (``support.StepSupport.rows``).
     """
 
-    __slots__ = ("_tensor", "_values")
+    __slots__ = ("_make", "_values")
 
-    def __init__(self, tensor: torch.Tensor):
-        self._tensor: torch.Tensor | None = tensor
-        self._values: list[float] | None = None
+    def __init__(self, make: Callable[[], list]):
+        self._make: Callable[[], list] | None = make
+        self._values: list | None = None
 
-    def _host(self) -> list[float]:
+    def _host(self) -> list:
         if self._values is None:
-            self._values = self._tensor.tolist()
-            self._tensor = None
+            self._values = self._make()
+            self._make = None
         return self._values
 
     def __getitem__(self, i):
@@ -66,17 +68,24 @@ class StepEntropy(Sequence):
 def _wrap_forward(original):
     @functools.wraps(original)
     def forward(self, logits_output, sampling_info, return_logprob, top_logprobs_nums, token_ids_logprobs, positions):
+        def upstream():
+            return original(
+                self, logits_output, sampling_info, return_logprob, top_logprobs_nums, token_ids_logprobs, positions
+            )
+
         logits = logits_output.next_token_logits
-        if return_logprob:  # computed before sglang divides by temperature and softmaxes the logits in place
-            values = StepEntropy(entropy_for_sampling(logits, sampling_info.temperatures, _config))
-        else:
-            values = [math.nan] * logits.shape[0]
         if logits_output.customized_info is None:
             logits_output.customized_info = {}
+        if return_logprob and _config.mode == "support":
+            ids, support = forward_with_support(upstream, logits, sampling_info)
+            logits_output.customized_info[CUSTOMIZED_INFO_KEY] = StepValues(support.rows)
+            return ids
+        if return_logprob:  # computed before sglang divides by temperature and softmaxes the logits in place
+            values = StepValues(entropy_for_sampling(logits, sampling_info.temperatures, _config).tolist)
+        else:
+            values = [math.nan] * logits.shape[0]
         logits_output.customized_info[CUSTOMIZED_INFO_KEY] = values
-        return original(
-            self, logits_output, sampling_info, return_logprob, top_logprobs_nums, token_ids_logprobs, positions
-        )
+        return upstream()
 
     return forward
 
@@ -110,4 +119,6 @@ def apply_scheduler_hooks(config: EntropyConfig) -> None:
         Wrap(Sampler, "forward", _wrap_forward, SAMPLER_FORWARD_PARAMS, "Sampler.forward"),
         Wrap(Scheduler, "get_internal_state", _wrap_get_internal_state, _INTERNAL_STATE_PARAMS),
     )
+    if config.mode == "support":
+        install_support_sampling()
     _config = config

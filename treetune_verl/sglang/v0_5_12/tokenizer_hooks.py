@@ -9,7 +9,7 @@
   per row is refused (logged; its requests get no entropy from then on rather than another request's values or a list
   with gaps: ``None`` per row marks them for the shared patches).
 - ``_INCREMENTAL_STREAMING_META_INFO_KEYS``: with ``incremental_streaming_output`` sglang slices these keys to each
-  chunk's new tokens; ours joins them so the entropy of a chunk stays aligned with its logprobs.
+  chunk's new tokens; ours join them so the entropy (and support) of a chunk stays aligned with its logprobs.
 - ``ServerArgs.check_server_args`` (called by ``Engine._launch_subprocesses`` before anything is spawned, also on
   verl's path): our refusals (``server_args.check_server_args``) after sglang's own.
 """
@@ -22,7 +22,7 @@ from typing import Any
 
 from treetune_verl.sglang.patching import SGLANG, Replace, Wrap
 from treetune_verl.sglang.server_args import check_server_args
-from treetune_verl.sglang.tokenizer_patches import META_INFO_ENTROPY_KEY
+from treetune_verl.sglang.tokenizer_patches import META_INFO_ENTROPY_KEY, META_INFO_SUPPORT_KEY
 from treetune_verl.sglang.v0_5_12.scheduler_hooks import CUSTOMIZED_INFO_KEY
 
 logger = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ def _streaming_keys_expected(keys: Any) -> str | None:
 
 
 def _with_entropy_key(keys: tuple[str, ...]) -> tuple[str, ...]:
-    return keys if META_INFO_ENTROPY_KEY in keys else (*keys, META_INFO_ENTROPY_KEY)
+    return (*keys, *(key for key in (META_INFO_ENTROPY_KEY, META_INFO_SUPPORT_KEY) if key not in keys))
 
 
 def apply_tokenizer_hooks() -> None:

@@ -30,6 +30,8 @@ from treetune_verl.sglang.patching import (
 )
 from treetune_verl.sglang.sampler import LOGITS_OUTPUT_ENTROPY_ATTR, SAMPLER_FORWARD_PARAMS, make_entropy_sampler
 from treetune_verl.sglang.server_args import check_server_args
+from treetune_verl.sglang.support import StepSupport
+from treetune_verl.sglang.support_capture import install_support_sampling
 from treetune_verl.sglang.v0_5_6_post2.store import EntropyStore
 
 STORE_ATTR = "treetune_entropy_store"  # EntropyStore on each Scheduler instance
@@ -65,7 +67,7 @@ def _record(scheduler: Any, batch: Any, result: Any, rows: list[int]) -> None:
             "treetune entropy: a batch with return_logprob reached the scheduler without entropy; the sampler "
             "that ran is not the patched one (a model with its own sampler, or speculative decoding?)."
         )
-    values = entropy.tolist()
+    values = entropy.rows() if isinstance(entropy, StepSupport) else entropy.tolist()
     store = scheduler_store(scheduler)
     for i in rows:
         store.append(batch.reqs[i].rid, values[i])
@@ -178,6 +180,8 @@ def apply_scheduler_patches(config: EntropyConfig, server_args: Any = None) -> N
             where="model_runner.Sampler",
         )
     )
+    if config.mode == "support":
+        install_support_sampling()
     sampler_mod.Sampler.entropy_config = config
 
 

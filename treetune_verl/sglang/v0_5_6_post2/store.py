@@ -9,6 +9,11 @@ output (or abort) has gone out (``scheduler_patches.py``).
 
 from __future__ import annotations
 
+from typing import Any
+
+# A token's entropy (nats), or in mode "support" its (entropy, support) pair (``support.StepSupport.rows``).
+StoredValue = float | tuple[float, Any]
+
 
 class EntropyStore:
     """Per-request entropy values (nats) with an incremental send offset, kept in the scheduler process.
@@ -19,13 +24,13 @@ class EntropyStore:
     """
 
     def __init__(self) -> None:
-        self._values: dict[str, list[float]] = {}
+        self._values: dict[str, list[StoredValue]] = {}
         self._offsets: dict[str, int] = {}
 
-    def append(self, rid: str, value: float) -> None:
-        self._values.setdefault(rid, []).append(float(value))
+    def append(self, rid: str, value: StoredValue) -> None:
+        self._values.setdefault(rid, []).append(value if isinstance(value, tuple) else float(value))
 
-    def get_since_offset(self, rid: str) -> list[float]:
+    def get_since_offset(self, rid: str) -> list[StoredValue]:
         values = self._values.get(rid)
         if values is None:
             return []
