@@ -9,8 +9,9 @@ it reads depends on the path sglang's ``Sampler.forward`` takes for the step (la
   ``top_k_top_p_min_p_sampling_from_probs_torch`` by name. :func:`install_support_sampling` binds that name to our
   copy of the function (``support_sampling.py``, refused unless upstream's source is the one copied), which samples
   as upstream does and leaves the weights it drew from for this step's reader (``_step``);
-- no row truncates: sglang draws from softmax(logits / T), the whole tempered distribution, read here from the
-  log-softmax computed before sglang softmaxes the logits in place;
+- no row truncates: sglang draws from softmax(logits / T), the whole tempered distribution (size V, mass 1, no ids),
+  its entropy and the sampled token's log-probability read from the log-softmax computed before sglang softmaxes the
+  logits in place;
 - every row greedy: the argmax, a support of one token.
 
 sglang settings under which it samples elsewhere (flashinfer's kernels, the deterministic log-softmax path, custom
@@ -125,4 +126,16 @@ def forward_with_support(
             entropy=torch.zeros(n, device=sampled.device),
             sampled_logprob=torch.zeros(n, device=sampled.device),
         )
-    return ids, read_support(logp.exp(), ids)
+    # The whole tempered distribution: nothing dropped (size V, mass 1, no renormalisation), its entropy in the passes
+    # of the entropy formula (entropy.py); this path runs at every untruncated step, so nothing more.
+    sampled = ids.long()
+    n, vocab = logp.shape
+    sampled_logprob = logp.gather(1, sampled[:, None]).squeeze(1)
+    p = logp.exp()
+    return ids, StepSupport(
+        sizes=torch.full((n,), vocab, dtype=torch.int64, device=logp.device),
+        token_ids=(None,) * n,
+        kept_mass=torch.ones(n, device=logp.device),
+        entropy=-p.mul_(logp.clamp_(min=torch.finfo(logp.dtype).min)).sum(dim=-1),
+        sampled_logprob=sampled_logprob,
+    )

@@ -1,13 +1,18 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""Throughput of a patched sglang Engine (full-vocabulary and top-k entropy) against an unpatched one.
+"""Throughput of a patched sglang Engine (full-vocabulary and top-k entropy, the sampled support) against an unpatched one.
 
     python treetune_tests/treetune_verl/sglang/bench_entropy_throughput.py            # SmolLM2, CPU or GPU
     python treetune_tests/treetune_verl/sglang/bench_entropy_throughput.py --rounds 20 --window-s 20
+    python treetune_tests/treetune_verl/sglang/bench_entropy_throughput.py --variants unpatched,control,tempered,support \
+        --top-p 0.8 --out outputs/bench/support_throughput.json        # issue 48: mode "support" at top-p 0.8
 
-Four Engines, each in its own worker process (an unpatched one never sees a patch, not even the process-wide
-TokenizerManager one): ``unpatched`` and ``control`` (two identical unpatched Engines: their ratio is the A/A floor
-of the method), ``full`` (full-vocabulary entropy) and ``top_k`` (top-20 entropy). Every
+Up to six Engines (``--variants``), each in its own worker process (an unpatched one never sees a patch, not even the
+process-wide TokenizerManager one): ``unpatched`` and ``control`` (two identical unpatched Engines: their ratio is the
+A/A floor of the method), ``full`` (full-vocabulary entropy), ``top_k`` (top-20 entropy), ``tempered`` (mode
+``tempered``: the same at each request's temperature) and ``support`` (entropy mode
+``support``: each token's sampled support, ``sglang/support_capture.py``). Every request samples at ``--top-p``
+(1.0 by default: sglang's untruncated path; below 1 its truncating one, for every Engine alike). Every
 request uses ``return_logprob=True`` and ``ignore_eos``, so each batch decodes exactly ``concurrency x
 max_new_tokens`` tokens. Two schedules:
 
@@ -28,7 +33,9 @@ Reported: median output tokens/s per variant, and per comparison the median of i
 with a distribution-free 95 % confidence interval of that median (order statistics of the ratios).
 Goal on CPU with SmolLM2 at >= 8 concurrent requests: ratio >= 0.97. The script also times the entropy op itself
 (``entropy_for_sampling`` plus its one ``.tolist()`` on ``[concurrency, vocab]`` logits, in this process, with the
-Engines' thread count) as a share of the unpatched decode step. Writes JSON.
+Engines' thread count) as a share of the unpatched decode step; for ``support``, what ``forward_with_support`` adds
+to sglang's own sampling of the step (softmax in place, then its sampler at ``--top-p``) with the host copy of the
+rows: the two timed alternately on the same logits, the median of the differences. Writes JSON.
 
 Why not sequential on CPU: on a shared 2-core virtual machine consecutive 15 s runs of one and the same Engine
 differ by 10-15 % (CV) with what the host's other tenants do, and the A/A ratio of two identical Engines read
@@ -40,6 +47,7 @@ Figures and their history: treetune_specs/2026-11-22-sglang-entropy-extraction.m
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import math
@@ -50,9 +58,18 @@ import statistics
 import time
 from pathlib import Path
 
-# name -> entropy top-k (None = no patches). Two unpatched Engines: their ratio is the A/A floor of the method; the
-# sequential schedule takes every ratio against REFERENCE, the paired one against both unpatched Engines.
-VARIANTS = {"unpatched": None, "control": None, "full": 0, "top_k": 20}
+# name -> entropy (top_k, mode) (None = no patches). Two unpatched Engines: their ratio is the A/A floor of the method;
+# the sequential schedule takes every ratio against REFERENCE, the paired one against both unpatched Engines.
+ALL_VARIANTS = {
+    "unpatched": None,
+    "control": None,
+    "full": (0, "raw"),
+    "top_k": (20, "raw"),
+    "tempered": (0, "tempered"),
+    "support": (0, "support"),
+}
+DEFAULT_VARIANTS = "unpatched,control,full,top_k"
+VARIANTS = {name: ALL_VARIANTS[name] for name in DEFAULT_VARIANTS.split(",")}  # main() sets the run's
 REFERENCE = "unpatched"
 PROMPT = "Write a short story about a robot who learns to paint. Include {i} colours."
 
@@ -72,7 +89,7 @@ def _tree_cpu_seconds() -> float:
     return total
 
 
-def _worker(conn, model: str, top_k: int | None, device: str, args: dict) -> None:
+def _worker(conn, model: str, entropy: tuple[int, str] | None, device: str, args: dict) -> None:
     """Own one Engine and answer the parent's commands until 'stop'.
 
     ``("batch",)`` -> (output tokens, wall seconds, CPU seconds of the Engine's processes) of one batch;
@@ -85,17 +102,19 @@ def _worker(conn, model: str, top_k: int | None, device: str, args: dict) -> Non
 
     from treetune_verl.sglang.engine import engine_kwargs, install
 
-    if top_k is not None:
-        install(top_k=top_k, mode="raw")
+    if entropy is not None:
+        install(top_k=entropy[0], mode=entropy[1])
     overrides = {"mem_fraction_static": args["mem_fraction_static"]} if args["mem_fraction_static"] else {}
     engine = sglang.Engine(**engine_kwargs(model, device, random_seed=0, log_level="error", **overrides))
     prompts = [PROMPT.format(i=i % 7 + 2) for i in range(args["concurrency"])]
-    params = {"max_new_tokens": args["max_new_tokens"], "temperature": 1.0, "ignore_eos": True}
+    params = {"max_new_tokens": args["max_new_tokens"], "temperature": 1.0, "top_p": args["top_p"], "ignore_eos": True}
 
     def batch() -> int:
         outs = engine.generate(prompt=prompts, sampling_params=params, return_logprob=True)
-        if top_k is not None:
+        if entropy is not None:
             assert all(len(o["meta_info"]["output_token_entropy"]) == o["meta_info"]["completion_tokens"] for o in outs)
+        if entropy is not None and entropy[1] == "support":
+            assert all(len(o["meta_info"]["output_token_support"]) == o["meta_info"]["completion_tokens"] for o in outs)
         return sum(o["meta_info"]["completion_tokens"] for o in outs)
 
     batch()  # warm-up (first prefill fills the radix cache), not measured
@@ -131,7 +150,9 @@ def median_ci95(values: list[float]) -> tuple[float, float]:
     return ordered[k - 1], ordered[n - k]
 
 
-def entropy_op_seconds(model: str, concurrency: int, device: str, threads: int, reps: int = 100) -> dict[str, float]:
+def entropy_op_seconds(
+    model: str, concurrency: int, device: str, threads: int, top_p: float, reps: int = 100
+) -> dict[str, float]:
     """Median seconds of one sampler-step entropy computation (and its host copy) on random logits, per variant."""
     import torch
     from transformers import AutoConfig
@@ -145,10 +166,13 @@ def entropy_op_seconds(model: str, concurrency: int, device: str, threads: int, 
     logits = torch.randn(concurrency, vocab, device=device) * 3
     temperatures = torch.ones(concurrency, 1, device=device)
     out = {}
-    for name, top_k in VARIANTS.items():
-        if top_k is None:
+    for name, entropy in VARIANTS.items():
+        if entropy is None:
             continue
-        config = EntropyConfig(top_k=top_k)
+        if entropy[1] == "support":
+            out[name] = support_op_seconds(logits, top_p, reps)
+            continue
+        config = EntropyConfig(top_k=entropy[0], mode=entropy[1])
         times = []
         for _ in range(reps):
             start = time.perf_counter()
@@ -156,6 +180,57 @@ def entropy_op_seconds(model: str, concurrency: int, device: str, threads: int, 
             times.append(time.perf_counter() - start)
         out[name] = statistics.median(times)
     return out
+
+
+def support_op_seconds(logits, top_p: float, reps: int) -> float:
+    """Median seconds ``forward_with_support`` (and the host copy of its rows) adds to sglang's sampling of one step:
+    sglang's ``Sampler.forward`` steps at temperature 1 (softmax in place, then its torch sampler at ``top_p``, or its
+    direct draw at 1), timed alone and inside ``forward_with_support``, alternately, on copies of the same logits."""
+    from types import SimpleNamespace
+
+    import torch
+    from sglang.srt.layers import sampler
+
+    from treetune_verl.patching import restore
+    from treetune_verl.sglang.support_capture import forward_with_support, install_support_sampling
+
+    n = logits.shape[0]
+    info = SimpleNamespace(
+        is_all_greedy=False,
+        need_top_p_sampling=top_p < 1.0,
+        need_top_k_sampling=False,
+        need_min_p_sampling=False,
+        temperatures=torch.ones(n, 1, device=logits.device),
+        top_ks=torch.full((n,), 1 << 30, dtype=torch.int32, device=logits.device),
+        top_ps=torch.full((n,), top_p, device=logits.device),
+        min_ps=torch.zeros(n, device=logits.device),
+    )
+
+    def sglang_sampling(step_logits):  # what upstream's Sampler.forward does to the step (layers/sampler.py)
+        step_logits.div_(info.temperatures)
+        step_logits[:] = torch.softmax(step_logits, dim=-1)
+        if top_p < 1.0:
+            return sampler.top_k_top_p_min_p_sampling_from_probs_torch(
+                step_logits, info.top_ks, info.top_ps, info.min_ps, False, None, None
+            )
+        return sampler.sampling_from_probs_torch(step_logits)
+
+    install_support_sampling()
+    try:
+        extra = []
+        for _ in range(reps):
+            alone, within = logits.clone(), logits.clone()
+            start = time.perf_counter()
+            sglang_sampling(alone).tolist()
+            bare = time.perf_counter() - start
+            start = time.perf_counter()
+            ids, support = forward_with_support(functools.partial(sglang_sampling, within), within, info)
+            ids.tolist()
+            support.rows()
+            extra.append(time.perf_counter() - start - bare)
+    finally:
+        restore(sampler, "top_k_top_p_min_p_sampling_from_probs_torch")
+    return statistics.median(extra)
 
 
 def run_sequential(workers: dict, rounds: int, rng: random.Random) -> list[dict[str, dict[str, float]]]:
@@ -232,7 +307,16 @@ def main() -> None:
     parser.add_argument("--window-s", type=float, default=12.0, help="paired schedule: seconds per window")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="outputs/bench/entropy_throughput.json")
+    parser.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"comma-separated, of: {', '.join(ALL_VARIANTS)}")
+    parser.add_argument("--top-p", type=float, default=1.0, help="every request's top-p (1: sglang's untruncated path)")
     args = parser.parse_args()
+    names = [n for n in args.variants.split(",") if n]
+    if REFERENCE not in names or set(names) - set(ALL_VARIANTS) or len(set(names)) != len(names):
+        parser.error(f"--variants: distinct names of {', '.join(ALL_VARIANTS)}, including {REFERENCE}; got {names}")
+    if not 0.0 < args.top_p <= 1.0:
+        parser.error(f"--top-p must be in (0, 1], got {args.top_p}")
+    VARIANTS.clear()
+    VARIANTS.update({name: ALL_VARIANTS[name] for name in names})
 
     import torch
 
@@ -284,7 +368,7 @@ def main() -> None:
             proc.join(timeout=60)
 
     summary = {n: {"median": statistics.median(v), "ci95": median_ci95(v)} for n, v in ratios.items()}
-    op_seconds = entropy_op_seconds(model, args.concurrency, device, threads)
+    op_seconds = entropy_op_seconds(model, args.concurrency, device, threads, args.top_p)
     step_seconds = args.concurrency / median_tps[REFERENCE]  # one decode step yields one token per request
     op_share = {n: t / step_seconds for n, t in op_seconds.items()}
     result = {
@@ -294,6 +378,8 @@ def main() -> None:
         "threads_per_engine": threads or "default",
         "concurrency": args.concurrency,
         "max_new_tokens": args.max_new_tokens,
+        "top_p": args.top_p,
+        "variants": {name: list(entropy) if entropy else None for name, entropy in VARIANTS.items()},
         "rounds": args.rounds,
         "window_s": args.window_s if schedule == "paired" else None,
         "engine_start_order": start_order,
