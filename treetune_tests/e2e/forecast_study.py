@@ -23,7 +23,9 @@ and E = every prompt of the step (``eval_share=1.0``: 4 prompts x 4 fresh respon
 forecast's standard error was 0.4-0.65 of the change on the pinned runs, at 4 it is 0.23-0.31), ``data.seed`` = ``--seed``
 when given (the prompts' order; verl's default order otherwise) and, with ``--record``, one file per forecast with E's token values (``forecast/record.py``).
 Each arm's step is printed as it lands (rollout entropy, reward, length, the forecast exact in the softmax ± its
-predictive SE, its first-order term ΔH₁ ± SE, realised ± SE, warning); the report (``treetune_verl.forecast.study_report``) then writes ``report.html`` with its PNGs and ``study.json`` under
+predictive SE, its first-order term ΔH₁ ± SE, realised ± SE, warning); the report (``treetune_verl.forecast.study_report``,
+with ``treetune_verl.control.report``'s section where an arm ran the controller: its decisions per step and every
+arm's band hold on its band) then writes ``report.html`` with its PNGs and ``study.json`` under
 ``--root``. The arms run one after the other on the whole machine; an arm that fails stops the study (its output is
 in ``<root>/<arm>/e2e_output.txt``).
 """
@@ -38,6 +40,7 @@ import sys
 import time
 from pathlib import Path
 
+from treetune_verl.control.report import control_section
 from treetune_verl.forecast.calibration import predictive_se, read_run
 from treetune_verl.forecast.study_report import write_report
 
@@ -189,7 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     for arm in arms:
         steps = args.stable_steps if arm == "stable" else args.collapsing_steps
         workdirs[arm] = (args.root / arm).resolve() if args.report_only else run_arm(arm, steps, args)
-    report = write_report({arm: work / "metrics.jsonl" for arm, work in workdirs.items()}, args.root)
+    metrics = {arm: work / "metrics.jsonl" for arm, work in workdirs.items()}
+    # issue 46's arms: the controller's decisions and every arm's band hold on the controlled arm's band
+    notes, plots = control_section({arm: read_run(path) for arm, path in metrics.items()}, args.root)
+    report = write_report(metrics, args.root, notes=notes, extra_plots=plots)
     print(f"[study] report: {report} ({time.monotonic() - start:.0f} s in all)", flush=True)
     return 0
 

@@ -73,6 +73,9 @@ PROBE_COST_RATIO = "probe/cost_ratio"  # the forecast's seconds (the controller'
 # the entropy controller's (treetune_verl/control), in a controlled arm only
 BAND_LOW, BAND_HIGH = "control/band_low", "control/band_high"
 CONTROL_COEFFICIENT, CONTROL_COST_RATIO = "control/coefficient", "control/cost_ratio"
+CONTROL_AIM, CONTROL_SENSITIVITY = "control/aim", "control/b"
+CONTROL_PREDICTED_BEFORE, CONTROL_PREDICTED_AFTER = "control/predicted_before", "control/predicted_after"
+CONTROL_PREDICTED_CHANGE, CONTROL_REALISED = "control/predicted_change", "control/realised_heldout"
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,16 @@ class Step:
     band_high: float = math.nan
     control_coefficient: float = math.nan
     control_cost_ratio: float = math.nan
+    # the controller's decision (nats per token, at E's states): the level it aimed at, the level predicted after the
+    # update without and with its step, its step's predicted change c·b, and that change realised on E's held-out
+    # half (± SE); b, the measured change per unit coefficient
+    control_aim: float = math.nan
+    control_predicted_before: float = math.nan
+    control_predicted_after: float = math.nan
+    control_predicted_change: float = math.nan
+    control_realised: float = math.nan
+    control_realised_se: float = math.nan
+    control_sensitivity: float = math.nan
 
     @property
     def forecast_step(self) -> bool:
@@ -171,6 +184,13 @@ def read_run(metrics_jsonl: str | Path) -> list[Step]:
                 band_high=_value(data, BAND_HIGH),
                 control_coefficient=_value(data, CONTROL_COEFFICIENT),
                 control_cost_ratio=_value(data, CONTROL_COST_RATIO),
+                control_aim=_value(data, CONTROL_AIM),
+                control_predicted_before=_value(data, CONTROL_PREDICTED_BEFORE),
+                control_predicted_after=_value(data, CONTROL_PREDICTED_AFTER),
+                control_predicted_change=_value(data, CONTROL_PREDICTED_CHANGE),
+                control_realised=_value(data, CONTROL_REALISED),
+                control_realised_se=_value(data, CONTROL_REALISED + "_se"),
+                control_sensitivity=_value(data, CONTROL_SENSITIVITY),
             )
         )
     if not steps:

@@ -292,10 +292,13 @@ def write_report(
     out_dir: str | Path,
     notes: str = "",
     pools: dict[str, list[str]] | None = None,
+    extra_plots: dict[str, Path] | None = None,
 ) -> Path:
     """Read every arm's ``metrics.jsonl``, write the PNGs, ``report.html`` and ``study.json`` into ``out_dir``;
     returns the page's path. ``pools``: a column per name with the forecast figures over the named arms' forecast
-    steps together (``calibration.pooled``), e.g. ``{"collapsing runs": ["a", "b"]}``."""
+    steps together (``calibration.pooled``), e.g. ``{"collapsing runs": ["a", "b"]}``. ``notes`` (HTML) and
+    ``extra_plots`` (PNGs under ``out_dir``) come from outside the forecast, e.g. the controller's section
+    (``treetune_verl.control.report``)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     runs = {arm: read_run(path) for arm, path in metrics.items()}
@@ -304,6 +307,7 @@ def write_report(
         "Forecast vs realised per step": plot_forecast(runs, out / "forecast_vs_realised.png"),
         "Calibration": plot_calibration(runs, out / "calibration.png"),
         "Reward and response length": plot_reward_length(runs, out / "reward_length.png"),
+        **(extra_plots or {}),
     }
     figures = {arm: calibration(run) for arm, run in runs.items()}
     for name, arms in (pools or {}).items():
