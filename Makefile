@@ -66,6 +66,7 @@ CURRENT_TESTS := \
 	treetune_tests/treetune_verl/forecast/test_study_report_on_cpu.py \
 	treetune_tests/treetune_verl/control \
 	treetune_tests/treetune_verl/ppo/test_padding_rows_v0_9_1_on_cpu.py \
+	treetune_tests/treetune_verl/ppo/test_support_replay_on_cpu.py \
 	treetune_tests/e2e/test_verl_cpu_patches_on_cpu.py \
 	treetune_tests/e2e/test_check_metrics_on_cpu.py \
 	treetune_tests/e2e/test_e2e_current_stack_on_cpu.py \

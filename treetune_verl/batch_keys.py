@@ -10,6 +10,9 @@ per response token) -> the worker -> ``DataProto.batch[ROLLOUT_ENTROPY_KEY]`` (f
 """
 
 RESPONSE_ENTROPY_KEY = "response_entropy"  # AgentLoopOutput.extra_fields, loop -> worker (popped by the worker)
+# AgentLoopOutput.extra_fields, entropy mode "support" (issue 48): per response token (size, kept_mass,
+# sampled_logprob, token_ids | None), the support sglang sampled it from (sglang/support.py TOKEN_SUPPORT_FIELDS)
+RESPONSE_SUPPORT_KEY = "response_support"
 ROLLOUT_ENTROPY_KEY = "rollout_entropy"  # DataProto.batch, float32 [B, R], nats
 # DataProto.batch, bool [B]: False for rows whose loop carries no entropy (a stock verl loop). Their rollout_entropy
 # row is all 0.0, which is not a measured entropy: metrics and consumers must leave them out.

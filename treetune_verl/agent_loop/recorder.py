@@ -2,16 +2,17 @@
 # SPDX-License-Identifier: Apache-2.0
 """How an agent loop sees the entropy its server served, and hands it on next to ``response_ids``.
 
-``EntropyRecorder`` wraps a loop's ``server_manager`` and keeps the entropy of the last ``generate``;
-``attach_response_entropy`` puts a loop's entropy into ``AgentLoopOutput.extra_fields`` truncated as verl truncates
-the response. Shared by every entropy agent loop.
+``EntropyRecorder`` wraps a loop's ``server_manager`` and keeps the entropy (and, in entropy mode ``support``, each
+token's sampled support) of the last ``generate``; ``attach_response_entropy`` / ``attach_response_support`` put a
+loop's values into ``AgentLoopOutput.extra_fields`` truncated as verl truncates the response. Shared by every entropy
+agent loop (the support: the single-turn loop so far).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from treetune_verl.batch_keys import RESPONSE_ENTROPY_KEY
+from treetune_verl.batch_keys import RESPONSE_ENTROPY_KEY, RESPONSE_SUPPORT_KEY
 from treetune_verl.rollout.rollout_config import CONFIG_PATH
 
 
@@ -38,6 +39,15 @@ def attach_response_entropy(output: Any, entropy: list[float], response_length: 
     output.extra_fields[RESPONSE_ENTROPY_KEY] = entropy
 
 
+def attach_response_support(output: Any, support: list[Any], response_length: int) -> None:
+    """Truncate ``support`` to ``response_length`` as verl truncates ``response_ids`` and put it into
+    ``output.extra_fields["response_support"]``; raises if it does not align with ``output.response_ids``."""
+    support = support[:response_length]
+    if len(support) != len(output.response_ids):
+        raise RuntimeError(f"support/response misaligned: {len(support)} != {len(output.response_ids)}")
+    output.extra_fields[RESPONSE_SUPPORT_KEY] = support
+
+
 class EntropyRecorder:
     """Stands in for an agent loop's ``server_manager``: forwards ``generate`` and keeps the entropy it served.
 
@@ -49,12 +59,14 @@ class EntropyRecorder:
     def __init__(self, server_manager: Any) -> None:
         self._server_manager = server_manager
         self._pending: list[float] | None = None
+        self._pending_support: list[Any] | None = None  # entropy mode "support" only
         self.last_stop_reason: str | None = None  # of the last generate: "abort" ends a loop (over-sampling)
         self.last_sampling_params: dict[str, Any] | None = None  # of the last generate (a resumed row reuses them)
 
     async def generate(self, *args: Any, **kwargs: Any) -> Any:
         output = await self._server_manager.generate(*args, **kwargs)
         self._pending = served_entropy(output)
+        self._pending_support = getattr(output, "support", None)
         self.last_stop_reason = output.stop_reason
         self.last_sampling_params = dict(kwargs.get("sampling_params") or {})
         return output
@@ -70,6 +82,11 @@ class EntropyRecorder:
             raise RuntimeError("EntropyRecorder.take(): no generate() call since the last take()")
         entropy, self._pending = self._pending, None
         return entropy
+
+    def take_support(self) -> list[Any] | None:
+        """The support of the last ``generate``'s tokens (``None``: the server ran another entropy mode)."""
+        support, self._pending_support = self._pending_support, None
+        return support
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):  # not yet initialised (copy/pickle) or private: do not recurse

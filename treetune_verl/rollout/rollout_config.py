@@ -44,9 +44,9 @@ def entropy_config(rollout_config: Any) -> EntropyConfig:
     mode = read_key(section, "mode", "raw")
     if mode == "support":  # the engine side exists (sglang/support_capture.py); verl's side does not yet
         raise ValueError(
-            f"{CONFIG_PATH}.custom.{ENTROPY_SECTION}.mode='support' is not carried into verl yet (issue 48: the "
-            "support reaches sglang's meta_info only; the actor's log-probs would still be full-vocabulary). Use "
-            "'raw' or 'tempered'."
+            f"{CONFIG_PATH}.custom.{ENTROPY_SECTION}.mode='support' is not open in verl yet (issue 48: the server, "
+            "the single-turn loop and verl 0.9.1's actor replay carry it, but verl 0.7.1's actor, the metrics and an "
+            "end-to-end run are still to come). Use 'raw' or 'tempered'."
         )
     try:
         return EntropyConfig(top_k=top_k, mode=mode)

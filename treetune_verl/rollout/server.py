@@ -34,7 +34,8 @@ from treetune_verl.rollout.rollout_config import check_rollout_config
 from treetune_verl.rollout.session import session_of
 from treetune_verl.rollout.token_output import ABORTED_STOP_REASON, EntropyTokenOutput, empty_token_output
 from treetune_verl.sglang.engine import install
-from treetune_verl.sglang.tokenizer_patches import META_INFO_ENTROPY_KEY
+from treetune_verl.sglang.support import TOKEN_SUPPORT_FIELDS
+from treetune_verl.sglang.tokenizer_patches import META_INFO_ENTROPY_KEY, META_INFO_SUPPORT_KEY
 from treetune_verl.verl_guard import VERL
 
 # verl's own loader (replica.py `_load_sglang`) imports sglang with its vLLM stand-in and SGLANG_USE_CPU_ENGINE
@@ -117,6 +118,9 @@ def _untapped(tokenizer_manager: Any) -> str | None:
     return None
 
 
+SAMPLED_LOGPROB = TOKEN_SUPPORT_FIELDS.index("sampled_logprob")  # in each token's support tuple
+
+
 class EntropySGLangHttpServer(SGLangHttpServer):
     """verl's ``SGLangHttpServer`` whose ``generate`` returns :class:`EntropyTokenOutput` (entropy in nats).
 
@@ -171,6 +175,9 @@ class EntropySGLangHttpServer(SGLangHttpServer):
         Raises:
             RuntimeError: logprobs were requested but sglang returned no (or misaligned) entropy, i.e. the
                 entropy patches are not active in this server's processes.
+
+        In entropy mode ``support`` the output also carries each token's sampled ``support`` and its ``log_probs``
+        are the log-probs renormalised over it (sglang's own are over the whole tempered distribution).
         """
         return_logprob = bool(sampling_params.get("logprobs", False))  # the parent pops it
         if session_of(request_id) in self._aborted_sessions:
@@ -186,7 +193,8 @@ class EntropySGLangHttpServer(SGLangHttpServer):
             )
         finally:
             meta_info = tap.collect(request_id)
-        entropy = None
+        entropy = support = None
+        fields = dict(output)
         if return_logprob:
             entropy = (meta_info or {}).get(META_INFO_ENTROPY_KEY)
             if entropy is None:
@@ -197,8 +205,16 @@ class EntropySGLangHttpServer(SGLangHttpServer):
                 )
             if len(entropy) != len(output.token_ids):
                 raise RuntimeError(f"request {request_id}: {len(entropy)} entropies for {len(output.token_ids)} tokens")
+            support = (meta_info or {}).get(META_INFO_SUPPORT_KEY)  # entropy mode "support" only
+            if support is not None:
+                if len(support) != len(output.token_ids):
+                    raise RuntimeError(
+                        f"request {request_id}: {len(support)} supports for {len(output.token_ids)} tokens"
+                    )
+                # the behaviour log-probs of the distribution each token was drawn from: renormalised over its support
+                fields["log_probs"] = [float(token[SAMPLED_LOGPROB]) for token in support]
         session_aborted = self._session_aborted(request_id, output.stop_reason)
-        return EntropyTokenOutput(**dict(output), entropy=entropy, session_aborted=session_aborted)
+        return EntropyTokenOutput(**fields, entropy=entropy, support=support, session_aborted=session_aborted)
 
     def _session_aborted(self, request_id: str, stop_reason: str | None) -> bool:
         """Whether the request stopped because its session was aborted (not by a pause of every request)."""

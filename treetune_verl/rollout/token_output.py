@@ -8,6 +8,8 @@ module), and importing sglang there would cost tens of seconds per process for n
 
 from __future__ import annotations
 
+from typing import Any
+
 from verl.workers.rollout.replica import TokenOutput
 
 # sglang's finish_reason type of an aborted request; verl's sglang server passes it on as ``stop_reason``.
@@ -22,6 +24,11 @@ class EntropyTokenOutput(TokenOutput):
     """
 
     entropy: list[float] | None = None
+    # Entropy mode "support" only (issue 48): per token ``(size, kept_mass, sampled_logprob, token_ids | None)``, the
+    # support sglang sampled it from (``sglang/support.py``); ``log_probs`` then hold each ``sampled_logprob``, the
+    # log-prob renormalised over that support: the distribution the token was drawn from. Typed loosely: pydantic
+    # would otherwise walk every id of every token.
+    support: list[Any] | None = None
     # The request's trajectory was aborted by session (``abort_sessions``: the trainer dropped its group), as opposed
     # to every request of the server at once (a pause around a weight update, which a resuming client retries).
     session_aborted: bool = False

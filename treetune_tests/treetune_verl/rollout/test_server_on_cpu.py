@@ -91,7 +91,8 @@ async def test_generate_is_the_parents_plus_entropy(tiny_model_dir, tmp_path, is
     theirs = await SGLangHttpServer.generate(server, [1, 2, 3], {"logprobs": True, "temperature": 1.0}, "rid-2")
     assert type(ours).__name__ == "EntropyTokenOutput" and ours.entropy == [1.5, 0.75, 2.0]
     assert ours.session_aborted is False  # no session of it was aborted (test_server_abort_on_cpu.py: one that was)
-    assert ours.model_dump(exclude={"entropy", "session_aborted"}) == theirs.model_dump()
+    assert ours.support is None  # another entropy mode than "support"
+    assert ours.model_dump(exclude={"entropy", "support", "session_aborted"}) == theirs.model_dump()
     assert server.tokenizer_manager.requests[0].return_logprob is True
     no_logprobs = await server.generate([1, 2, 3], {"temperature": 1.0}, "rid-3")
     assert no_logprobs.entropy is None and no_logprobs.token_ids == [5, 6, 7]
@@ -99,6 +100,28 @@ async def test_generate_is_the_parents_plus_entropy(tiny_model_dir, tmp_path, is
     server.tokenizer_manager.meta_info = meta_info
     with pytest.raises(RuntimeError, match="no output_token_entropy"):
         await server.generate([1, 2, 3], {"logprobs": True}, "rid-4")
+
+
+async def test_generate_in_support_mode_serves_the_support_and_its_renormalised_log_probs(
+    tiny_model_dir, tmp_path, isolated_env
+):
+    # entropy mode "support" (issue 48): sglang's log-probs are over the whole tempered distribution; the server
+    # hands on the ones renormalised over each token's support, and the supports
+    support = [(2, 0.8, -0.2231, [5, 9]), (1, 0.5, 0.0, [6]), (429, 1.0, -1.0, None)]
+    meta_info = {
+        "finish_reason": {"type": "stop"},
+        "output_token_logprobs": [(-0.5, 5, None), (-0.7, 6, None), (-1.0, 7, None)],
+        "output_token_entropy": [0.5, 0.0, 2.0],
+        "output_token_support": support,
+    }
+    server = _server(_config(tiny_model_dir, tmp_path))
+    server.tokenizer_manager = FakeTokenizerManager(meta_info)
+    out = await server.generate([1, 2, 3], {"logprobs": True, "temperature": 1.0}, "rid-1")
+    assert out.support == support and out.entropy == [0.5, 0.0, 2.0]
+    assert out.log_probs == [-0.2231, 0.0, -1.0]
+    server.tokenizer_manager.meta_info = {**meta_info, "output_token_support": support[:2]}
+    with pytest.raises(RuntimeError, match="2 supports for 3 tokens"):
+        await server.generate([1, 2, 3], {"logprobs": True}, "rid-2")
 
 
 @pytest.mark.parametrize(

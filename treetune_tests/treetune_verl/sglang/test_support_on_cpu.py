@@ -272,5 +272,5 @@ def test_mode_support_is_refused_where_sglang_samples_elsewhere():
         check_server_args(settings, mode="tempered")  # the other modes read the logits before any of them
         with pytest.raises(UnsupportedSGLangError, match=message):
             check_server_args(settings, mode="support")
-    with pytest.raises(ValueError, match=r"mode='support' is not carried into verl yet \(issue 48"):
+    with pytest.raises(ValueError, match=r"mode='support' is not open in verl yet \(issue 48"):
         entropy_config({"calculate_log_probs": True, "custom": {"entropy": {"mode": "support"}}})

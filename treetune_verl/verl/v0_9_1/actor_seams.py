@@ -21,6 +21,10 @@ instance for the call)
                                                           that returns them (verl's trainer prefixes them
                                                           ``actor/``: its seam names them back,
                                                           ``trainer_seams.py``)
+``engine/fsdp/transformer_impl.FSDPEngineWithLMHead``    1. support replay (``support_replay.py``): the logits of
+``.prepare_model_outputs`` (every forward of the old-log-     each response token whose row carries
+prob pass, the update and the reference model)               ``extra_fields["response_support"]`` masked outside its
+                                                          sampled support, before verl's temperature and log-softmax
 =====================================================  ============================================================
 """
 
@@ -34,6 +38,7 @@ from treetune_verl.batch_keys import FORECAST_EVAL_META_KEY
 from treetune_verl.control.controller import attach as attach_controller
 from treetune_verl.forecast.live import counted_call
 from treetune_verl.patching import Wrap, swapped
+from treetune_verl.verl.v0_9_1 import support_replay
 from treetune_verl.verl.v0_9_1.engine_forecast import engine_forecast
 from treetune_verl.verl_guard import VERL_CURRENT
 
@@ -85,3 +90,4 @@ def install() -> None:
 
     VERL_CURRENT.require("engine-worker actor hooks")
     VERL_CURRENT.wrap(Wrap(ActorRolloutRefWorker, "update_actor", _wrap_update_actor, UPDATE_ACTOR_PARAMS))
+    support_replay.install()  # the engine's logits over the sampled support (entropy mode "support")
