@@ -34,7 +34,7 @@ class EntropySingleTurnAgentLoop(SingleTurnAgentLoop):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.server_manager = EntropyRecorder(self.server_manager)
+        self.server_manager = EntropyRecorder(self.server_manager, carries_support=True)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         output = await super().run(sampling_params, **kwargs)

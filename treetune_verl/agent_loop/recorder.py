@@ -56,8 +56,11 @@ class EntropyRecorder:
     Everything else is forwarded to the wrapped manager.
     """
 
-    def __init__(self, server_manager: Any) -> None:
+    def __init__(self, server_manager: Any, carries_support: bool = False) -> None:
         self._server_manager = server_manager
+        # The loop hands each token's support on (take_support); a loop that does not would leave its rows scored
+        # over the whole vocabulary against log-probs the server renormalised over the support: refused at once.
+        self._carries_support = carries_support
         self._pending: list[float] | None = None
         self._pending_support: list[Any] | None = None  # entropy mode "support" only
         self.last_stop_reason: str | None = None  # of the last generate: "abort" ends a loop (over-sampling)
@@ -67,6 +70,13 @@ class EntropyRecorder:
         output = await self._server_manager.generate(*args, **kwargs)
         self._pending = served_entropy(output)
         self._pending_support = getattr(output, "support", None)
+        if self._pending_support is not None and not self._carries_support:
+            raise RuntimeError(
+                "entropy mode 'support': this agent loop does not carry each token's sampled support to the actor "
+                "(only entropy_single_turn_agent does so far); its rows would be scored over the whole vocabulary "
+                f"against log-probs renormalised over the support. Set {CONFIG_PATH}.custom.entropy.mode to 'raw' or "
+                "'tempered' for this loop."
+            )
         self.last_stop_reason = output.stop_reason
         self.last_sampling_params = dict(kwargs.get("sampling_params") or {})
         return output

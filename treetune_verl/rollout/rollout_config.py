@@ -18,7 +18,8 @@ from treetune_verl.sglang.server_args import check_server_args
 
 CONFIG_PATH = "actor_rollout_ref.rollout"
 ENTROPY_SECTION = "entropy"  # actor_rollout_ref.rollout.custom.entropy
-ENTROPY_KEYS = ("top_k", "mode")  # the sampler's; the trainer's steering keys share the section (ppo/entropy_advantage)
+# the sampler's and the actor's replay of its support; the trainer's steering keys share the section (ppo/entropy_advantage)
+ENTROPY_KEYS = ("top_k", "mode", "replay")
 MANAGED_SECTION = "managed"  # actor_rollout_ref.rollout.custom.managed
 MANAGED_KEYS = ("agent_fn", "environment", "rows_per_session")
 ROWS_PER_SESSION_KEY = f"{CONFIG_PATH}.custom.{MANAGED_SECTION}.rows_per_session"
@@ -42,16 +43,32 @@ def entropy_config(rollout_config: Any) -> EntropyConfig:
     section = read_key(read_key(rollout_config, "custom"), ENTROPY_SECTION) or {}
     top_k = read_key(section, "top_k", 0)
     mode = read_key(section, "mode", "raw")
-    if mode == "support":  # the engine side exists (sglang/support_capture.py); verl's side does not yet
-        raise ValueError(
-            f"{CONFIG_PATH}.custom.{ENTROPY_SECTION}.mode='support' is not open in verl yet (issue 48: the server, "
-            "the single-turn loop and verl 0.9.1's actor replay carry it, but verl 0.7.1's actor, the metrics and an "
-            "end-to-end run are still to come). Use 'raw' or 'tempered'."
-        )
     try:
         return EntropyConfig(top_k=top_k, mode=mode)
     except ValueError as exc:
         raise ValueError(f"{CONFIG_PATH}.custom.{ENTROPY_SECTION}: {exc}") from None
+
+
+def support_replay(rollout_config: Any) -> bool:
+    """``rollout.custom.entropy.replay`` (mode ``support`` only; default true): the actor scores each token over the
+    support it was sampled from. False keeps verl's full-vocabulary actor against the behaviour log-probs of the
+    sampled distribution: the gap replay removes, measured (``rollout_support/importance_ratio_mean``).
+
+    Raises:
+        ValueError: not a bool, or set in another mode (naming the key).
+    """
+    section = read_key(read_key(rollout_config, "custom"), ENTROPY_SECTION) or {}
+    replay = read_key(section, "replay", None)
+    if replay is None:
+        return entropy_config(rollout_config).mode == "support"
+    if not isinstance(replay, bool):
+        raise ValueError(f"{CONFIG_PATH}.custom.{ENTROPY_SECTION}.replay must be true or false, got {replay!r}")
+    if entropy_config(rollout_config).mode != "support":
+        raise ValueError(
+            f"{CONFIG_PATH}.custom.{ENTROPY_SECTION}.replay is the sampled support's replay: it needs "
+            f"{CONFIG_PATH}.custom.{ENTROPY_SECTION}.mode=support"
+        )
+    return replay
 
 
 def managed_section(rollout_config: Any) -> Any:
@@ -108,5 +125,6 @@ def check_rollout_config(rollout_config: Any) -> EntropyConfig:
             "entropy only for requests that ask for logprobs"
         )
     config = entropy_config(rollout_config)
-    check_server_args(planned_server_args(rollout_config))
+    support_replay(rollout_config)  # refused here when malformed
+    check_server_args(planned_server_args(rollout_config), config.mode)
     return config

@@ -30,7 +30,7 @@ from typing import Any
 from verl.workers.rollout.replica import get_rollout_replica_class
 
 from treetune_verl.patching import Replace, is_replaced
-from treetune_verl.rollout.rollout_config import check_rollout_config
+from treetune_verl.rollout.rollout_config import check_rollout_config, support_replay
 from treetune_verl.rollout.session import session_of
 from treetune_verl.rollout.token_output import ABORTED_STOP_REASON, EntropyTokenOutput, empty_token_output
 from treetune_verl.sglang.engine import install
@@ -131,6 +131,7 @@ class EntropySGLangHttpServer(SGLangHttpServer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._aborted_sessions: set[str] = set()  # emptied by forget_sessions at the end of each step
+        self._replay_support = True  # custom.entropy.replay, read with the other settings by launch_server
 
     async def launch_server(self, master_address: str | None = None, master_port: int | None = None) -> None:
         """Refuse unusable settings, turn entropy extraction on, then launch exactly as verl does.
@@ -145,6 +146,7 @@ class EntropySGLangHttpServer(SGLangHttpServer):
                 disaggregation (the injected scheduler would be bypassed or entropy misaligned).
         """
         entropy = check_rollout_config(self.config)
+        self._replay_support = support_replay(self.config)
         install(top_k=entropy.top_k, mode=entropy.mode)
         await super().launch_server(master_address=master_address, master_port=master_port)
 
@@ -213,6 +215,8 @@ class EntropySGLangHttpServer(SGLangHttpServer):
                     )
                 # the behaviour log-probs of the distribution each token was drawn from: renormalised over its support
                 fields["log_probs"] = [float(token[SAMPLED_LOGPROB]) for token in support]
+                if not self._replay_support:  # the actor stays full-vocabulary: nothing carries the supports
+                    support = None
         session_aborted = self._session_aborted(request_id, output.stop_reason)
         return EntropyTokenOutput(**fields, entropy=entropy, support=support, session_aborted=session_aborted)
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from treetune_verl.rollout.rollout_config import entropy_config
+from treetune_verl.rollout.rollout_config import entropy_config, support_replay
 
 METRIC_PREFIX = "agent_loop/rollout_entropy"
 OVER_SAMPLE_PREFIX = "rollout"
@@ -156,8 +156,72 @@ def agreement_is_defined(rollout_config: Any) -> bool:
     """Whether rollout entropy and the actor's entropy describe the same distribution.
 
     verl's actor computes the entropy of softmax(logits / T) over the full vocabulary at the rollout temperature T
-    (``dp_actor.py`` ``_forward_micro_batch``): ``tempered`` mode, or ``raw`` mode at T = 1, without top-k.
+    (``dp_actor.py`` ``_forward_micro_batch``): ``tempered`` mode, or ``raw`` mode at T = 1, without top-k; in
+    ``support`` mode its logits are masked outside each token's sampled support (``verl/v0_9_1/support_replay.py``),
+    so both are the entropy over that support.
     """
     config = entropy_config(rollout_config)
+    if config.mode == "support":  # the actor's entropy is over the support only where it replays it
+        return support_replay(rollout_config)
     temperature = float(rollout_config.get("temperature", 1.0))
     return config.top_k is None and (config.mode == "tempered" or temperature == 1.0)
+
+
+SUPPORT_PREFIX = "rollout_support"
+# TRL #6789's band: the share of tokens whose importance ratio lies outside it
+RATIO_BAND = (0.9, 1.1)
+
+
+def support_metrics(
+    supports: list[list[Any] | None],
+    response_masks: list[torch.Tensor],
+    old_log_probs: list[torch.Tensor],
+    rollout_log_probs: list[torch.Tensor],
+) -> dict[str, float]:
+    """The sampled support's metrics (entropy mode ``support``, issue 48) over the model-generated tokens of the rows.
+
+    Args:
+        supports: per row, its ``extra_fields["response_support"]`` (one ``(size, kept_mass, sampled_logprob,
+            token_ids)`` per response token), or ``None`` (replay off, or a row that carries none).
+        response_masks, old_log_probs, rollout_log_probs: per row ``[R_i]``: 1 at model tokens; the actor's
+            log-probs of the batch's tokens before the update; the behaviour log-probs the rollout served (with
+            mode ``support``: renormalised over the support each token was sampled from).
+
+    Returns:
+        ``rollout_support/importance_ratio_{mean,outside_0.9_1.1}``: ``exp(old - rollout)`` over every model token
+        (1 where the actor scores the distribution the token was drawn from; the kept mass where it scores the
+        whole vocabulary against a truncated draw), and, over the tokens with a support: ``size_{mean,p99}`` and
+        ``kept_mass_mean`` of the truncated ones, ``untruncated_share``.
+    """
+    metrics: dict[str, float] = {}
+    ratios = [
+        torch.exp(old.double() - rollout.double())[mask.bool()]
+        for mask, old, rollout in zip(response_masks, old_log_probs, rollout_log_probs, strict=True)
+    ]
+    ratios = torch.cat(ratios) if ratios else torch.zeros(0)
+    if ratios.numel():
+        low, high = RATIO_BAND
+        metrics[f"{SUPPORT_PREFIX}/importance_ratio_mean"] = float(ratios.mean())
+        metrics[f"{SUPPORT_PREFIX}/importance_ratio_outside_{low}_{high}"] = float(
+            ((ratios < low) | (ratios > high)).double().mean()
+        )
+    sizes, masses, untruncated, counted = [], [], 0, 0
+    for row, mask in zip(supports, response_masks, strict=True):
+        if row is None:
+            continue
+        for support, model_token in zip(row, mask.tolist(), strict=True):
+            if not model_token:
+                continue
+            counted += 1
+            if support[3] is None:
+                untruncated += 1
+            else:
+                sizes.append(float(support[0]))
+                masses.append(float(support[1]))
+    if counted:
+        metrics[f"{SUPPORT_PREFIX}/untruncated_share"] = untruncated / counted
+    if sizes:
+        metrics[f"{SUPPORT_PREFIX}/size_mean"] = float(np.mean(sizes))
+        metrics[f"{SUPPORT_PREFIX}/size_p99"] = float(np.percentile(sizes, 99))
+        metrics[f"{SUPPORT_PREFIX}/kept_mass_mean"] = float(np.mean(masses))
+    return metrics

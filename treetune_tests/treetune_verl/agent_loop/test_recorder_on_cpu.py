@@ -32,7 +32,9 @@ async def test_recorder_keeps_the_support_of_the_last_generate():
         async def generate(self, *args, **kwargs):
             return SimpleNamespace(token_ids=[5, 6, 7], entropy=[0.5, 0.0, 1.0], support=support, stop_reason="stop")
 
-    recorder = EntropyRecorder(Server())
+    with pytest.raises(RuntimeError, match="does not carry each token's sampled support"):
+        await EntropyRecorder(Server()).generate("r", prompt_ids=[1], sampling_params={"logprobs": True})
+    recorder = EntropyRecorder(Server(), carries_support=True)
     await recorder.generate("r", prompt_ids=[1], sampling_params={"logprobs": True})
     assert recorder.take() == [0.5, 0.0, 1.0]
     assert recorder.take_support() == support and recorder.take_support() is None  # taken once

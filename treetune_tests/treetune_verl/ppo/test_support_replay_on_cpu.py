@@ -56,3 +56,22 @@ def test_refusals():
         mask_outside_support(torch.zeros(2, 4), torch.tensor([0]), [[4]])
     with pytest.raises(ValueError, match="2 positions for 1 supports"):
         mask_outside_support(torch.zeros(2, 4), torch.tensor([0, 1]), [[1]])
+
+
+def test_support_metrics_counted_by_hand():
+    from treetune_verl.trainer.metrics import support_metrics
+
+    supports = [
+        [(2, 0.8, -0.1, [3, 4]), (50, 1.0, -2.0, None), (1, 0.5, 0.0, [7])],  # last token: not a model token
+        None,  # replay off or another loop: ratios only
+    ]
+    masks = [torch.tensor([1, 1, 0]), torch.tensor([1, 1])]
+    old = [torch.tensor([-0.5, -1.0, -3.0]), torch.log(torch.tensor([0.5, 0.95]))]
+    rollout = [torch.tensor([-0.5, -1.0 - 0.2, 0.0]), torch.zeros(2)]
+    m = support_metrics(supports, masks, old, rollout)
+    ratios = [1.0, float(torch.exp(torch.tensor(0.2))), 0.5, 0.95]  # model tokens only
+    assert m["rollout_support/importance_ratio_mean"] == pytest.approx(sum(ratios) / 4)
+    assert m["rollout_support/importance_ratio_outside_0.9_1.1"] == pytest.approx(2 / 4)  # 1.22 and 0.5
+    assert m["rollout_support/untruncated_share"] == pytest.approx(1 / 2)
+    assert (m["rollout_support/size_mean"], m["rollout_support/kept_mass_mean"]) == (2.0, 0.8)
+    assert m["rollout_support/size_p99"] == 2.0

@@ -21,6 +21,7 @@ reference for what is sampled, and the support's rules written here.
 
 from __future__ import annotations
 
+import importlib.metadata
 import math
 from types import SimpleNamespace
 
@@ -272,5 +273,18 @@ def test_mode_support_is_refused_where_sglang_samples_elsewhere():
         check_server_args(settings, mode="tempered")  # the other modes read the logits before any of them
         with pytest.raises(UnsupportedSGLangError, match=message):
             check_server_args(settings, mode="support")
-    with pytest.raises(ValueError, match=r"mode='support' is not open in verl yet \(issue 48"):
-        entropy_config({"calculate_log_probs": True, "custom": {"entropy": {"mode": "support"}}})
+    from treetune_verl.rollout.rollout_config import support_replay
+
+    with pytest.raises(ValueError, match="replay is the sampled support's replay: it needs"):
+        support_replay({"custom": {"entropy": {"mode": "tempered", "replay": False}}})
+    rollout = {"calculate_log_probs": True, "custom": {"entropy": {"mode": "support"}}}
+    assert entropy_config(rollout).mode == "support" and support_replay(rollout)  # replay: on by default
+    with pytest.raises(ValueError, match="replay must be true or false, got 'no'"):
+        support_replay({**rollout, "custom": {"entropy": {"mode": "support", "replay": "no"}}})
+    if importlib.metadata.version("verl") == "0.7.1":  # its actor does not replay the support yet: its trainer refuses
+        from omegaconf import OmegaConf
+
+        from treetune_verl.verl.v0_7_1.trainer_setup import install
+
+        with pytest.raises(ValueError, match="verl 0.7.1's actor does not replay the sampled support yet"):
+            install(OmegaConf.create({"actor_rollout_ref": {"rollout": rollout}}))

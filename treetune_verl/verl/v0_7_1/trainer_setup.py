@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from treetune_verl.agent_loop.carry_over import CarryOver
+from treetune_verl.rollout.rollout_config import CONFIG_PATH, ENTROPY_SECTION, entropy_config
 from treetune_verl.trainer.features import RunFeatures, check_features
 from treetune_verl.verl.v0_7_1 import trainer_seams
 
@@ -31,9 +32,14 @@ def install(config: Any) -> TrainerRun:
     """Check the run's features, create its state and install the trainer's seams for them (idempotent).
 
     Raises:
-        ValueError: a refused combination (both keys named).
+        ValueError: a refused combination (both keys named), or entropy mode ``support`` (not replayed here yet).
         UnsupportedVerlError: another verl version, or a changed signature of a wrapped function.
     """
+    if entropy_config(config.actor_rollout_ref.rollout).mode == "support":
+        raise ValueError(
+            f"{CONFIG_PATH}.custom.{ENTROPY_SECTION}.mode=support: verl 0.7.1's actor does not replay the sampled "
+            "support yet (issue 48; verl 0.9.1's does: verl/v0_9_1/support_replay.py). Use 'raw' or 'tempered'."
+        )
     features = check_features(config, rollout_entropy=True)
     carry_over = CarryOver(features.max_staleness) if features.carry_over else None
     trainer_seams.install(features, carry_over)

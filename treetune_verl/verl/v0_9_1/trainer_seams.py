@@ -21,7 +21,10 @@ seam                                            what runs after verl's own, in o
                                                 2. the agreement ``rollout_entropy/actor_abs_diff/{mean,max}``
                                                    against the actor's ``entropy`` of the same tokens, when defined
                                                    (with carry-over: rows of the current weights only);
-                                                3. managed sessions: ``managed/*`` of the step's rows
+                                                3. managed sessions: ``managed/*`` of the step's rows;
+                                                4. the sampled support (entropy mode ``support``):
+                                                   ``rollout_support/*`` (sizes, kept mass, the actor's
+                                                   importance ratio over the behaviour log-probs)
 ``PPOTrainer._compute_advantage`` (``:1743``;    1. steering: entropy-shaped advantage, then the forking-token mask
 the advantages are in TransferQueue after it)      (``ppo/entropy_advantage.py``, one threshold for the batch's real
                                                    rows; verl's padding rows keep theirs)
@@ -65,6 +68,7 @@ from treetune_verl.batch_keys import (
     FORECAST_EVAL_META_KEY,
     HAS_ROLLOUT_ENTROPY_KEY,
     MANAGED_ROW_KEY,
+    RESPONSE_SUPPORT_KEY,
     ROLLOUT_ENTROPY_KEY,
     TOKEN_GLOBAL_STEPS_KEY,
 )
@@ -73,6 +77,7 @@ from treetune_verl.forecast.live import PREFIX as FORECAST_PREFIX
 from treetune_verl.forecast.live import PROBE_TIMING
 from treetune_verl.patching import Wrap, swapped
 from treetune_verl.ppo.entropy_advantage import steer_advantages
+from treetune_verl.rollout.rollout_config import entropy_config
 from treetune_verl.timing import OVER_SAMPLING, ROLLOUT_ENTROPY, SECONDS, STEERING, TRAINER_HOOKS, step_metrics
 from treetune_verl.trainer.features import RunFeatures
 from treetune_verl.trainer.metrics import (
@@ -80,6 +85,7 @@ from treetune_verl.trainer.metrics import (
     agreement_is_defined,
     managed_session_metrics,
     rollout_entropy_metrics,
+    support_metrics,
 )
 from treetune_verl.verl.v0_9_1.entropy_rows import rollout_entropy_rows
 from treetune_verl.verl.v0_9_1.rollout_eval import take_rollout_eval
@@ -186,9 +192,32 @@ def _wrap_compute_old_log_prob(original):
                 metrics.update(_agreement(batch, rows, masks, weights))
             # 3. managed sessions: rows and branches per session, the agents' rewards, turns and tool calls
             metrics.update(managed_metrics(extra_fields, padding))
+            # 4. the sampled support (entropy mode "support"): sizes, kept mass, the actor-over-behaviour ratio
+            if entropy_config(self.config.actor_rollout_ref.rollout).mode == "support":
+                metrics.update(_support(batch, extra_fields, masks, padding))
         return batch
 
     return _compute_old_log_prob
+
+
+def _support(
+    batch: Any, extra_fields: list[dict | None], masks: list[torch.Tensor], padding: list[bool]
+) -> dict[str, float]:
+    """:func:`support_metrics` of the real rows (absent in bypass mode: no actor pass, no ``old_log_probs``)."""
+    import transfer_queue as tq
+
+    fields = ["old_log_probs", "rollout_log_probs"]
+    if not set(fields) <= set(batch.fields or ()):
+        return {}
+    data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+    real = [i for i, pad in enumerate(padding) if not pad]
+    old, rollout = _rows(data["old_log_probs"]), _rows(data["rollout_log_probs"])
+    return support_metrics(
+        [(extra_fields[i] or {}).get(RESPONSE_SUPPORT_KEY) for i in real],
+        [masks[i] for i in real],
+        [old[i] for i in real],
+        [rollout[i] for i in real],
+    )
 
 
 def _agreement(
