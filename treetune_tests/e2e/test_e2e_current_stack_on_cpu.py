@@ -46,7 +46,12 @@ def test_support_replay_in_grpo_scores_the_sampled_distribution():
 
     workdir = kept_workdir("support-replay")
     env = {"E2E_MODEL": "tiny", "E2E_STEPS": "2", "E2E_WORKDIR": str(workdir)}
-    run_training(env, "actor_rollout_ref.rollout.custom.entropy.mode=support", "actor_rollout_ref.rollout.top_p=0.8", timeout=1200)
+    run_training(
+        env,
+        "actor_rollout_ref.rollout.custom.entropy.mode=support",
+        "actor_rollout_ref.rollout.top_p=0.8",
+        timeout=1200,
+    )
     steps = [json.loads(line)["data"] for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     steps = [data for data in steps if "actor/pg_loss" in data]
     assert len(steps) == 2

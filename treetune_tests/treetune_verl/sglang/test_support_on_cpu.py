@@ -281,10 +281,12 @@ def test_mode_support_is_refused_where_sglang_samples_elsewhere():
     assert entropy_config(rollout).mode == "support" and support_replay(rollout)  # replay: on by default
     with pytest.raises(ValueError, match="replay must be true or false, got 'no'"):
         support_replay({**rollout, "custom": {"entropy": {"mode": "support", "replay": "no"}}})
-    if importlib.metadata.version("verl") == "0.7.1":  # its actor does not replay the support yet: its trainer refuses
+    if importlib.metadata.version("verl") == "0.7.1":  # its replay seams come with our actor entry point
         from omegaconf import OmegaConf
 
         from treetune_verl.verl.v0_7_1.trainer_setup import install
 
-        with pytest.raises(ValueError, match="verl 0.7.1's actor does not replay the sampled support yet"):
+        with pytest.raises(
+            ValueError, match="installed by our actor entry point: set actor_rollout_ref.model.external_lib"
+        ):
             install(OmegaConf.create({"actor_rollout_ref": {"rollout": rollout}}))

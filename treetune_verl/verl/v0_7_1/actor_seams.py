@@ -14,11 +14,16 @@ seam (verl 0.7.1)                                      what runs, in order
 (once per step; Ray resolves it on the instance at        every k-th call), asks the actor's next ``update_policy``
 call time, ``single_controller/ray/base.py``)             for a forecast (the worker holds the ``actor_rollout_ref``
                                                           config, where its settings live)
-``dp_actor.DataParallelPPOActor.update_policy``        1. over-sampling: the loss over completed rows
+``dp_actor.DataParallelPPOActor.update_policy``        0. support replay: the rows' supports kept by verl's ``select``
+                                                          (``support_replay.py``);
+                                                       1. over-sampling: the loss over completed rows
                                                           (``ppo/loss_aggregation.py``: counts over the ranks);
                                                        2. forecast: E at θ (the rollout's, or sampled here:
                                                           ``forecast/live.py``), its
                                                           ``probe/*`` metrics added to verl's actor metrics
+``DataParallelPPOActor.compute_log_prob``              1. support replay: the rows' supports kept by verl's ``select``
+``DataParallelPPOActor._forward_micro_batch``          1. support replay: the logits masked outside each response
+                                                          token's sampled support (a forward hook for the call)
 ``DataParallelPPOActor._optimizer_step`` (set on the   1. over-sampling: the next mini-batch's counts after each step;
 instance for one ``update_policy``)                    2. forecast: ΔH₁ at the first step (verl's step inside it)
 ``core_algos.agg_loss``, ``dp_actor.agg_loss``         1. over-sampling: verl's aggregation over the mini-batch's
@@ -47,6 +52,13 @@ from treetune_verl.forecast.live import ForecastRun, counted_call, eos_token_ids
 from treetune_verl.patching import Wrap, swapped
 from treetune_verl.ppo import loss_aggregation
 from treetune_verl.ppo.loss_aggregation import MiniBatchNormalisation, normalisation_for
+from treetune_verl.verl.v0_7_1.support_replay import (
+    COMPUTE_LOG_PROB_PARAMS,
+    FORWARD_MICRO_BATCH_PARAMS,
+    keeping_supports,
+    wrap_compute_log_prob,
+    wrap_forward_micro_batch,
+)
 from treetune_verl.verl_guard import VERL, undecorated
 
 __all__ = ["install"]
@@ -103,6 +115,10 @@ def _chain(handlers: list[Callable[[Callable[[], Any]], Any]], step: Callable[[]
 
 def _wrap_update_policy(original: Callable[..., Any]) -> Callable[..., Any]:
     def update_policy(self, data):
+        with keeping_supports(data):  # support replay: verl's select would drop the rows' supports
+            return _update_policy(self, data)
+
+    def _update_policy(self, data):
         global _ACTIVE_NORMALISATION
         # 1. over-sampling: the loss over completed rows when some row of the global batch is aborted
         normalisation = normalisation_for(self, data)
@@ -171,6 +187,8 @@ def install() -> None:
     VERL.wrap(
         Wrap(ActorRolloutRefWorker, "update_actor", _wrap_update_actor, UPDATE_ACTOR_PARAMS),
         Wrap(actor, "update_policy", _wrap_update_policy, UPDATE_POLICY_PARAMS, unwrap=undecorated),
+        Wrap(actor, "compute_log_prob", wrap_compute_log_prob, COMPUTE_LOG_PROB_PARAMS, unwrap=undecorated),
+        Wrap(actor, "_forward_micro_batch", wrap_forward_micro_batch, FORWARD_MICRO_BATCH_PARAMS),
         Wrap(core_algos, "agg_loss", _wrap_agg_loss, AGG_LOSS_PARAMS, "core_algos.agg_loss"),
         Wrap(dp_actor, "agg_loss", _wrap_agg_loss, AGG_LOSS_PARAMS, "dp_actor.agg_loss"),
         Wrap(

@@ -14,9 +14,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from treetune_verl.agent_loop.carry_over import CarryOver
-from treetune_verl.rollout.rollout_config import CONFIG_PATH, ENTROPY_SECTION, entropy_config
-from treetune_verl.trainer.features import RunFeatures, check_features
+from treetune_verl.rollout.rollout_config import CONFIG_PATH, ENTROPY_SECTION, support_replay
+from treetune_verl.trainer.features import (
+    EXTERNAL_LIB_KEY,
+    PROCESS_SETUP_MODULE,
+    WORKER_IMPL_KEY,
+    RunFeatures,
+    check_features,
+    has_process_setup,
+)
 from treetune_verl.verl.v0_7_1 import trainer_seams
 
 
@@ -32,13 +41,17 @@ def install(config: Any) -> TrainerRun:
     """Check the run's features, create its state and install the trainer's seams for them (idempotent).
 
     Raises:
-        ValueError: a refused combination (both keys named), or entropy mode ``support`` (not replayed here yet).
+        ValueError: a refused combination (both keys named), or support replay without our actor entry point.
         UnsupportedVerlError: another verl version, or a changed signature of a wrapped function.
     """
-    if entropy_config(config.actor_rollout_ref.rollout).mode == "support":
+    replaying = support_replay(config.actor_rollout_ref.rollout)
+    if replaying and OmegaConf.select(config, WORKER_IMPL_KEY, default="auto") == "disable":
+        raise ValueError(f"support replay covers verl's legacy FSDP actor only ({WORKER_IMPL_KEY})")
+    if replaying and not has_process_setup(config):
         raise ValueError(
-            f"{CONFIG_PATH}.custom.{ENTROPY_SECTION}.mode=support: verl 0.7.1's actor does not replay the sampled "
-            "support yet (issue 48; verl 0.9.1's does: verl/v0_9_1/support_replay.py). Use 'raw' or 'tempered'."
+            f"{CONFIG_PATH}.custom.{ENTROPY_SECTION}.mode=support replays each token's sampled support in verl 0.7.1's "
+            f"actor (verl/v0_7_1/support_replay.py), installed by our actor entry point: set {EXTERNAL_LIB_KEY}="
+            f"{PROCESS_SETUP_MODULE} (or custom.{ENTROPY_SECTION}.replay=false)"
         )
     features = check_features(config, rollout_entropy=True)
     carry_over = CarryOver(features.max_staleness) if features.carry_over else None
