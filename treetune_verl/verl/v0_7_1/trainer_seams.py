@@ -20,6 +20,8 @@ seam                                            what runs after verl's own, in o
 ``RayPPOTrainer._compute_old_log_prob``         1. rollout entropy: ``rollout_entropy/actor_abs_diff/{mean,max}``
                                                    against the actor's ``entropys`` (carried-over tokens left out) (popped by ``fit`` right after,
                                                    ``ray_trainer.py:1404-1419``), when both describe one distribution
+                                                2. the sampled support (entropy mode ``support``):
+                                                   ``rollout_support/*`` (sizes, kept mass, the importance ratio)
 ``ray_trainer.extract_reward`` (``:1386``)      1. over-sampling: reward 0 for rows marked ``rollout_aborted``
 ``ray_trainer.compute_advantage`` (``:1487``)   1. steering: entropy-shaped advantage, then the forking-token mask
                                                    (``ppo/entropy_advantage.py``: one threshold for the whole batch)
@@ -58,12 +60,19 @@ from treetune_verl.batch_keys import (
     ROLLOUT_ENTROPY_KEY,
     ROLLOUT_FAILED_KEY,
     ROLLOUT_RESUMED_TOKENS_KEY,
+    RESPONSE_SUPPORT_KEY,
 )
 from treetune_verl.patching import Wrap
+from treetune_verl.rollout.rollout_config import entropy_config
 from treetune_verl.ppo.entropy_advantage import steer_advantages
 from treetune_verl.timing import OVER_SAMPLING, SECONDS, STEERING, TRAINER_HOOKS, step_metrics
 from treetune_verl.trainer.features import RunFeatures
-from treetune_verl.trainer.metrics import actor_agreement_metrics, agreement_is_defined, over_sample_metrics
+from treetune_verl.trainer.metrics import (
+    actor_agreement_metrics,
+    agreement_is_defined,
+    over_sample_metrics,
+    support_metrics,
+)
 from treetune_verl.verl_guard import VERL
 
 __all__ = ["install"]
@@ -103,9 +112,28 @@ def _wrap_compute_old_log_prob(original):
         # 1. rollout entropy: agreement with the actor's own entropy of the same tokens
         with SECONDS.timed(TRAINER_HOOKS):
             _agreement(self, batch, old_log_prob)
+            # 2. the sampled support (entropy mode "support"): sizes, kept mass, the actor's importance ratio
+            if entropy_config(self.config.actor_rollout_ref.rollout).mode == "support":
+                _pending(batch).update(_support(batch, old_log_prob))
         return old_log_prob, mfu
 
     return _compute_old_log_prob
+
+
+def _support(batch: Any, old_log_prob: Any) -> dict[str, float]:
+    """:func:`support_metrics` of the batch's rows (``rollout_log_probs``: the behaviour log-probs the rollout served)."""
+    rollout = batch.batch.get("rollout_log_probs", None)
+    old = old_log_prob.batch.get("old_log_probs", None)
+    if rollout is None or old is None:
+        return {}
+    supports = batch.non_tensor_batch.get(RESPONSE_SUPPORT_KEY)
+    rows = len(batch)
+    return support_metrics(
+        [None if supports is None else supports[i] for i in range(rows)],
+        list(batch.batch["response_mask"].unbind(0)),
+        list(old.unbind(0)),
+        list(rollout.unbind(0)),
+    )
 
 
 def _agreement(trainer: Any, batch: Any, old_log_prob: Any) -> None:
