@@ -70,6 +70,7 @@ CURRENT_TESTS := \
 	treetune_tests/e2e/test_verl_cpu_patches_on_cpu.py \
 	treetune_tests/e2e/test_check_metrics_on_cpu.py \
 	treetune_tests/e2e/test_e2e_current_stack_on_cpu.py \
+	treetune_tests/e2e/test_e2e_support_replay_on_cpu.py \
 	treetune_tests/e2e/test_e2e_over_sample_on_cpu.py \
 	treetune_tests/e2e/test_e2e_managed_on_cpu.py \
 	treetune_tests/e2e/test_e2e_variants_on_cpu.py
