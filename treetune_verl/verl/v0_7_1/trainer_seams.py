@@ -56,15 +56,15 @@ from treetune_verl.agent_loop.carry_over import CarryOver
 from treetune_verl.batch_keys import (
     HAS_ROLLOUT_ENTROPY_KEY,
     PENDING_METRICS_KEY,
+    RESPONSE_SUPPORT_KEY,
     ROLLOUT_ABORTED_KEY,
     ROLLOUT_ENTROPY_KEY,
     ROLLOUT_FAILED_KEY,
     ROLLOUT_RESUMED_TOKENS_KEY,
-    RESPONSE_SUPPORT_KEY,
 )
 from treetune_verl.patching import Wrap
-from treetune_verl.rollout.rollout_config import entropy_config
 from treetune_verl.ppo.entropy_advantage import steer_advantages
+from treetune_verl.rollout.rollout_config import entropy_config
 from treetune_verl.timing import OVER_SAMPLING, SECONDS, STEERING, TRAINER_HOOKS, step_metrics
 from treetune_verl.trainer.features import RunFeatures
 from treetune_verl.trainer.metrics import (

@@ -95,22 +95,22 @@ def replay_positions(micro_batch: Any, row_stride: int | None) -> tuple[torch.Te
     return torch.tensor(positions, dtype=torch.int64), supports
 
 
-def apply_support_replay(output: Any, output_args: dict[str, Any], micro_batch: Any) -> None:
-    """Mask ``output.logits`` in place for the micro-batch's rows that carry supports (module docstring)."""
+def apply_support_replay(output: Any, micro_batch: Any) -> None:
+    """Mask ``output.logits`` in place for the micro-batch's rows that carry supports (module docstring); nothing is
+    checked or read further for a micro-batch without any (another entropy mode)."""
     from verl.utils import tensordict_utils as tu
 
     if micro_batch.get("extra_fields", None) is None:
         return
-    use_remove_padding = tu.get_non_tensor_data(data=micro_batch, key="use_remove_padding", default=True)
+    if not any((fields or {}).get(RESPONSE_SUPPORT_KEY) is not None for fields in _extra_fields(micro_batch)):
+        return
     logits = getattr(output, "logits", None)
     if logits is None:  # fused kernels: log-probs only
-        if any((fields or {}).get(RESPONSE_SUPPORT_KEY) is not None for fields in _extra_fields(micro_batch)):
-            raise ValueError(
-                "support replay needs the model's logits: actor_rollout_ref.model.use_fused_kernels=True returns "
-                "log-probs only; turn it off with rollout.custom.entropy.mode=support"
-            )
-        return
-    if use_remove_padding:
+        raise ValueError(
+            "support replay needs the model's logits: actor_rollout_ref.model.use_fused_kernels=True returns "
+            "log-probs only; turn it off with rollout.custom.entropy.mode=support"
+        )
+    if tu.get_non_tensor_data(data=micro_batch, key="use_remove_padding", default=True):
         nnz = int(micro_batch["input_ids"].offsets()[-1])
         if logits.shape[:2] != (1, nnz):
             raise ValueError(
@@ -127,7 +127,7 @@ def apply_support_replay(output: Any, output_args: dict[str, Any], micro_batch: 
 def _wrap_prepare_model_outputs(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def prepare_model_outputs(self, output, output_args, micro_batch, logits_processor_func):
-        apply_support_replay(output, output_args, micro_batch)
+        apply_support_replay(output, micro_batch)
         return original(self, output, output_args, micro_batch, logits_processor_func)
 
     return prepare_model_outputs
