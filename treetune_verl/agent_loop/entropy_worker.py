@@ -71,7 +71,7 @@ class RolloutEntropyWorker(AgentLoopWorker):
             rows = [item.extra_fields.pop(ROLLOUT_ENTROPY_KEY, None) for item in inputs]
             rows = [row if row is not None else torch.zeros(1, response_length) for row in rows]
             has_entropy = [bool(item.extra_fields.pop(HAS_ROLLOUT_ENTROPY_KEY, False)) for item in inputs]
-            supports = np.empty(len(inputs), dtype=object)  # one list per row: numpy would broadcast equal lengths
+            supports = np.empty(len(inputs), dtype=object)  # object [B]: each row's list of supports, or None
             for i, item in enumerate(inputs):
                 supports[i] = item.extra_fields.pop(_SUPPORT_ROW, None)
         data = super()._postprocess(inputs, input_non_tensor_batch=input_non_tensor_batch, **kwargs)  # 0.9.1: validate
