@@ -31,4 +31,3 @@ def test_the_block_names_the_actor_entry_point_on_verl_0_9_1(tmp_path):
     assert ACTOR_SETUP in block.stdout.splitlines() and "+treetune=rollout_entropy" in block.stdout.splitlines()
     stock = run_script({**env, "E2E_BLOCK": "0"}, timeout=300)
     assert stock.returncode == 0 and ACTOR_SETUP not in stock.stdout.splitlines()
-
