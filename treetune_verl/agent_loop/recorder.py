@@ -33,19 +33,21 @@ def served_entropy(output: Any) -> list[float]:
 def attach_response_entropy(output: Any, entropy: list[float], response_length: int) -> None:
     """Truncate ``entropy`` to ``response_length`` as verl truncates ``response_ids`` and put it into
     ``output.extra_fields["response_entropy"]``; raises if it does not align with ``output.response_ids``."""
-    entropy = entropy[:response_length]
-    if len(entropy) != len(output.response_ids):
-        raise RuntimeError(f"entropy/response misaligned: {len(entropy)} != {len(output.response_ids)}")
-    output.extra_fields[RESPONSE_ENTROPY_KEY] = entropy
+    _attach(output, RESPONSE_ENTROPY_KEY, entropy, response_length, "entropy")
 
 
 def attach_response_support(output: Any, support: list[Any], response_length: int) -> None:
     """Truncate ``support`` to ``response_length`` as verl truncates ``response_ids`` and put it into
     ``output.extra_fields["response_support"]``; raises if it does not align with ``output.response_ids``."""
-    support = support[:response_length]
-    if len(support) != len(output.response_ids):
-        raise RuntimeError(f"support/response misaligned: {len(support)} != {len(output.response_ids)}")
-    output.extra_fields[RESPONSE_SUPPORT_KEY] = support
+    _attach(output, RESPONSE_SUPPORT_KEY, support, response_length, "support")
+
+
+def _attach(output: Any, key: str, values: list[Any], response_length: int, what: str) -> None:
+    """``values[:response_length]`` into ``output.extra_fields[key]``, one per element of ``output.response_ids``."""
+    values = values[:response_length]
+    if len(values) != len(output.response_ids):
+        raise RuntimeError(f"{what}/response misaligned: {len(values)} != {len(output.response_ids)}")
+    output.extra_fields[key] = values
 
 
 class EntropyRecorder:

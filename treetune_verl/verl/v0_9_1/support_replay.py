@@ -51,13 +51,16 @@ def _extra_fields(micro_batch: Any) -> list[dict | None]:
     return values.tolist() if hasattr(values, "tolist") else list(values)
 
 
-def replay_positions(micro_batch: Any, row_stride: int | None) -> tuple[torch.Tensor, list[list[int]]]:
+def replay_positions(
+    micro_batch: Any, row_stride: int | None, extra_fields: list[dict | None] | None = None
+) -> tuple[torch.Tensor, list[list[int]]]:
     """The logits rows to mask and each one's support, for the micro-batch's rows that carry supports.
 
     Args:
         micro_batch: verl's micro-batch ``TensorDict`` (``prompts``, ``responses``, ``response_mask``, ``extra_fields``).
         row_stride: the padded logits' sequence length ``S`` (``[B, S, V]`` viewed as ``[B * S, V]``); ``None`` for
             the packed layout (row ``i`` starts at ``input_ids.offsets()[i]``).
+        extra_fields: the rows' ``extra_fields`` when the caller has read them already (else read here).
 
     Raises:
         ValueError: a real row whose supports do not count one per response token, or a response token outside its
@@ -66,7 +69,8 @@ def replay_positions(micro_batch: Any, row_stride: int | None) -> tuple[torch.Te
     empty = torch.zeros(0, dtype=torch.int64), []
     if micro_batch.get("extra_fields", None) is None:
         return empty
-    extra_fields = _extra_fields(micro_batch)
+    if extra_fields is None:
+        extra_fields = _extra_fields(micro_batch)
     if not any((fields or {}).get(RESPONSE_SUPPORT_KEY) is not None for fields in extra_fields):
         return empty  # another entropy mode: nothing else is read
     prompt_lengths = _lengths(micro_batch["prompts"])
@@ -102,7 +106,8 @@ def apply_support_replay(output: Any, micro_batch: Any) -> None:
 
     if micro_batch.get("extra_fields", None) is None:
         return
-    if not any((fields or {}).get(RESPONSE_SUPPORT_KEY) is not None for fields in _extra_fields(micro_batch)):
+    extra_fields = _extra_fields(micro_batch)
+    if not any((fields or {}).get(RESPONSE_SUPPORT_KEY) is not None for fields in extra_fields):
         return
     logits = getattr(output, "logits", None)
     if logits is None:  # fused kernels: log-probs only
@@ -117,9 +122,9 @@ def apply_support_replay(output: Any, micro_batch: Any) -> None:
                 f"support replay: packed logits {tuple(logits.shape)} are not the micro-batch's {nnz} tokens "
                 "(sequence parallelism?); not supported with rollout.custom.entropy.mode=support"
             )
-        positions, supports = replay_positions(micro_batch, None)
+        positions, supports = replay_positions(micro_batch, None, extra_fields)
     else:
-        positions, supports = replay_positions(micro_batch, logits.shape[1])
+        positions, supports = replay_positions(micro_batch, logits.shape[1], extra_fields)
     if supports:
         mask_outside_support(logits.view(-1, logits.shape[-1]), positions, supports)
 
