@@ -60,6 +60,56 @@ def join_process_group(rank: int, world: int, port: int) -> None:
     os.environ["MASTER_PORT"] = str(port)
 
 
+def v1_rows(
+    prompts: list[torch.Tensor],
+    responses: list[torch.Tensor],
+    advantages: list[torch.Tensor],
+    rows_per_mini_batch: int,
+    uids: list[str] | None = None,
+    extra_fields: list[dict] | None = None,
+    temperature: float = 1.0,
+    calculate_entropy: bool = False,
+):
+    """The V1 trainer's ``TensorDict`` of these rows (``prompts[i]``, ``responses[i]``: 1-D token ids; every response
+    token a model token; ``rows_per_mini_batch``: of all ranks), ``old_log_probs`` zero; with the rows' ``uid`` and
+    ``extra_fields`` (what the agent loop put there, e.g. ``response_support``) where given."""
+    from verl.utils import tensordict_utils as tu
+
+    def nested(tensors):
+        return torch.nested.as_nested_tensor(list(tensors), layout=torch.jagged)
+
+    input_ids = [torch.cat([p, r]) for p, r in zip(prompts, responses, strict=True)]
+    ones = [torch.ones(len(r), dtype=torch.int64) for r in responses]
+    fields = {
+        "input_ids": nested(input_ids),
+        "position_ids": nested([torch.arange(len(ids)) for ids in input_ids]),
+        "prompts": nested(prompts),
+        "responses": nested(responses),
+        "response_mask": nested(ones),
+        "loss_mask": nested(ones),
+        "old_log_probs": nested([torch.zeros(len(r)) for r in responses]),
+        "advantages": nested(advantages),
+    }
+    if uids is not None:
+        fields["uid"] = np.array(uids, dtype=object)
+    if extra_fields is not None:
+        fields["extra_fields"] = extra_fields
+    return tu.get_tensordict(
+        fields,
+        non_tensor_dict={
+            "calculate_entropy": calculate_entropy,
+            "distillation_use_topk": False,
+            "distillation_only": False,
+            "global_batch_size": rows_per_mini_batch,  # the trainer's extra_info (trainer_base.py _update_actor)
+            "mini_batch_size": rows_per_mini_batch,
+            "epochs": 1,
+            "seed": 42,
+            "dataloader_kwargs": {"shuffle": False},
+            "temperature": temperature,
+        },
+    )
+
+
 def update_batch(
     worker,
     prompts: list[torch.Tensor],
@@ -68,40 +118,11 @@ def update_batch(
     uids: list[str],
     rows_per_mini_batch: int,
 ):
-    """``update_actor``'s ``TensorDict`` of these rows (``prompts[i]``, ``responses[i]``: 1-D token ids; every response
-    token a model token; ``rows_per_mini_batch``: of all ranks), ``old_log_probs`` from ``worker.compute_log_prob``."""
-    from verl.utils import tensordict_utils as tu
+    """``update_actor``'s ``TensorDict`` of these rows (:func:`v1_rows`), ``old_log_probs`` from
+    ``worker.compute_log_prob``."""
     from verl.workers.utils.padding import response_from_nested
 
-    def nested(tensors):
-        return torch.nested.as_nested_tensor(list(tensors), layout=torch.jagged)
-
-    input_ids = [torch.cat([p, r]) for p, r in zip(prompts, responses, strict=True)]
-    ones = [torch.ones(len(r), dtype=torch.int64) for r in responses]
-    batch = tu.get_tensordict(
-        {
-            "input_ids": nested(input_ids),
-            "position_ids": nested([torch.arange(len(ids)) for ids in input_ids]),
-            "prompts": nested(prompts),
-            "responses": nested(responses),
-            "response_mask": nested(ones),
-            "loss_mask": nested(ones),
-            "old_log_probs": nested([torch.zeros(len(r)) for r in responses]),
-            "advantages": nested(advantages),
-            "uid": np.array(uids, dtype=object),
-        },
-        non_tensor_dict={
-            "calculate_entropy": False,
-            "distillation_use_topk": False,
-            "distillation_only": False,
-            "global_batch_size": rows_per_mini_batch,
-            "mini_batch_size": rows_per_mini_batch,
-            "epochs": 1,
-            "seed": 42,
-            "dataloader_kwargs": {"shuffle": False},
-            "temperature": 1.0,
-        },
-    )
+    batch = v1_rows(prompts, responses, advantages, rows_per_mini_batch, uids=uids)
     log_probs = worker.compute_log_prob(batch.copy())["log_probs"]  # every position of each row
     batch["old_log_probs"] = response_from_nested(log_probs, batch["response_mask"])  # as _compute_old_log_prob
     return batch

@@ -20,7 +20,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from treetune_tests.treetune_verl.verl.v0_9_1.engine_actor import CPU_RUNTIME, actor_config, join_process_group
+from treetune_tests.treetune_verl.verl.v0_9_1.engine_actor import (
+    CPU_RUNTIME,
+    actor_config,
+    join_process_group,
+    v1_rows,
+)
 from treetune_tests.treetune_verl.verl.v0_9_1.test_engine_forecast_on_cpu import _free_port
 
 pytestmark = pytest.mark.skipif(importlib.metadata.version("verl") != "0.9.1", reason="verl 0.9.1 (the current stack)")
@@ -52,36 +57,15 @@ def _rows(vocab: int):
 
 
 def _batch(prompts, responses, extra_fields):
-    from verl.utils import tensordict_utils as tu
-
-    def nested(tensors):
-        return torch.nested.as_nested_tensor(list(tensors), layout=torch.jagged)
-
-    input_ids = [torch.cat([p, r]) for p, r in zip(prompts, responses, strict=True)]
-    ones = [torch.ones(len(r), dtype=torch.int64) for r in responses]
-    return tu.get_tensordict(
-        {
-            "input_ids": nested(input_ids),
-            "position_ids": nested([torch.arange(len(ids)) for ids in input_ids]),
-            "prompts": nested(prompts),
-            "responses": nested(responses),
-            "response_mask": nested(ones),
-            "loss_mask": nested(ones),
-            "old_log_probs": nested([torch.zeros(len(r)) for r in responses]),  # as engine_actor.update_batch
-            "advantages": nested([torch.zeros(len(r)) for r in responses]),
-            "extra_fields": extra_fields,
-        },
-        non_tensor_dict={
-            "calculate_entropy": True,
-            "temperature": TEMPERATURE,
-            "global_batch_size": len(prompts),  # as the trainer's extra_info (engine_actor.update_batch)
-            "mini_batch_size": len(prompts),
-            "epochs": 1,
-            "seed": 42,
-            "dataloader_kwargs": {"shuffle": False},
-            "distillation_use_topk": False,
-            "distillation_only": False,
-        },
+    advantages = [torch.zeros(len(r)) for r in responses]
+    return v1_rows(
+        prompts,
+        responses,
+        advantages,
+        len(prompts),
+        extra_fields=extra_fields,
+        temperature=TEMPERATURE,
+        calculate_entropy=True,
     )
 
 
