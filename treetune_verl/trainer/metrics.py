@@ -183,9 +183,14 @@ def support_metrics(
     Args:
         supports: per row, its ``extra_fields["response_support"]`` (one ``(size, kept_mass, sampled_logprob,
             token_ids)`` per response token), or ``None`` (replay off, or a row that carries none).
-        response_masks, old_log_probs, rollout_log_probs: per row ``[R_i]``: 1 at model tokens; the actor's
+        response_masks, old_log_probs, rollout_log_probs: per row ``[R_i]`` (verl 0.9.1: the row's own length;
+            verl 0.7.1: the batch's padded response length, longer than the row's supports): 1 at model tokens; the
+            actor's
             log-probs of the batch's tokens before the update; the behaviour log-probs the rollout served (with
             mode ``support``: renormalised over the support each token was sampled from).
+
+    Raises:
+        ValueError: a row whose mask marks a model token past its last support (the rows and the batch disagree).
 
     Returns:
         ``rollout_support/importance_ratio_{mean,outside_0.9_1.1}``: ``exp(old - rollout)`` over every model token
@@ -206,10 +211,13 @@ def support_metrics(
             ((ratios < low) | (ratios > high)).double().mean()
         )
     sizes, masses, untruncated, counted = [], [], 0, 0
-    for row, mask in zip(supports, response_masks, strict=True):
+    for i, (row, mask) in enumerate(zip(supports, response_masks, strict=True)):
         if row is None:
             continue
-        for support, model_token in zip(row, mask.tolist(), strict=True):
+        mask = mask.tolist()
+        if len(row) > len(mask) or any(mask[len(row) :]):
+            raise ValueError(f"row {i}: {len(row)} supports for a response mask of {len(mask)} ({sum(mask)} set)")
+        for support, model_token in zip(row, mask[: len(row)], strict=True):
             if not model_token:
                 continue
             counted += 1

@@ -128,7 +128,7 @@ def wrap_forward_micro_batch(original: Callable[..., Any]) -> Callable[..., Any]
 
         def mask(module, args, output):
             logits = output.logits
-            mask_outside_support(logits.view(-1, logits.shape[-1]), positions, kept)
+            mask_outside_support(logits.view(-1, logits.shape[-1]), positions, kept, temperature)
 
         handle = self.actor_module.register_forward_hook(mask)
         try:

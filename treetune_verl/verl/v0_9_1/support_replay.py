@@ -53,8 +53,9 @@ def _extra_fields(micro_batch: Any) -> list[dict | None]:
 
 def replay_positions(
     micro_batch: Any, row_stride: int | None, extra_fields: list[dict | None] | None = None
-) -> tuple[torch.Tensor, list[list[int]]]:
-    """The logits rows to mask and each one's support, for the micro-batch's rows that carry supports.
+) -> tuple[torch.Tensor, list[list[int]], list[int]]:
+    """The logits rows to mask, each one's support and the micro-batch row it belongs to, for the rows that carry
+    supports.
 
     Args:
         micro_batch: verl's micro-batch ``TensorDict`` (``prompts``, ``responses``, ``response_mask``, ``extra_fields``).
@@ -66,7 +67,7 @@ def replay_positions(
         ValueError: a real row whose supports do not count one per response token, or a response token outside its
             own support (the rollout and the batch disagree: masking would give it probability 0).
     """
-    empty = torch.zeros(0, dtype=torch.int64), []
+    empty = torch.zeros(0, dtype=torch.int64), [], []
     if micro_batch.get("extra_fields", None) is None:
         return empty
     if extra_fields is None:
@@ -77,7 +78,7 @@ def replay_positions(
     responses = list(micro_batch["responses"].unbind(0))
     masks = list(micro_batch["response_mask"].unbind(0))
     starts = micro_batch["input_ids"].offsets().tolist() if row_stride is None else None
-    positions, supports = [], []
+    positions, supports, rows = [], [], []
     for i, fields in enumerate(extra_fields):
         row = (fields or {}).get(RESPONSE_SUPPORT_KEY)
         if row is None:
@@ -96,7 +97,8 @@ def replay_positions(
                 raise ValueError(f"row {i}, response token {j} (id {token}) lies outside its sampled support")
             positions.append(first + j)
             supports.append(list(ids))
-    return torch.tensor(positions, dtype=torch.int64), supports
+            rows.append(i)
+    return torch.tensor(positions, dtype=torch.int64), supports, rows
 
 
 def apply_support_replay(output: Any, micro_batch: Any) -> None:
@@ -122,11 +124,16 @@ def apply_support_replay(output: Any, micro_batch: Any) -> None:
                 f"support replay: packed logits {tuple(logits.shape)} are not the micro-batch's {nnz} tokens "
                 "(sequence parallelism?); not supported with rollout.custom.entropy.mode=support"
             )
-        positions, supports = replay_positions(micro_batch, None, extra_fields)
+        positions, supports, rows = replay_positions(micro_batch, None, extra_fields)
     else:
-        positions, supports = replay_positions(micro_batch, logits.shape[1], extra_fields)
+        positions, supports, rows = replay_positions(micro_batch, logits.shape[1], extra_fields)
     if supports:
-        mask_outside_support(logits.view(-1, logits.shape[-1]), positions, supports)
+        temperature = micro_batch["temperature"]  # what verl divides these logits by: one, or one per row ([B])
+        if isinstance(temperature, torch.Tensor) and temperature.numel() > 1:
+            temperature = temperature.to(torch.float32)[torch.tensor(rows, device=temperature.device)]
+        else:
+            temperature = float(temperature)
+        mask_outside_support(logits.view(-1, logits.shape[-1]), positions, supports, temperature)
 
 
 def _wrap_prepare_model_outputs(original: Callable[..., Any]) -> Callable[..., Any]:
