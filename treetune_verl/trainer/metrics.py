@@ -185,9 +185,8 @@ def support_metrics(
             token_ids)`` per response token), or ``None`` (replay off, or a row that carries none).
         response_masks, old_log_probs, rollout_log_probs: per row ``[R_i]`` (verl 0.9.1: the row's own length;
             verl 0.7.1: the batch's padded response length, longer than the row's supports): 1 at model tokens; the
-            actor's
-            log-probs of the batch's tokens before the update; the behaviour log-probs the rollout served (with
-            mode ``support``: renormalised over the support each token was sampled from).
+            actor's log-probs of the batch's tokens before the update; the behaviour log-probs the rollout served
+            (with mode ``support``: renormalised over the support each token was sampled from).
 
     Raises:
         ValueError: a row whose mask marks a model token past its last support (the rows and the batch disagree).
