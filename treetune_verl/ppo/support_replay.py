@@ -72,7 +72,7 @@ def mask_outside_support(
     # kept logits, fill the masked rows (one value per row, broadcast), put the kept ones back. Outside autograd: the
     # fill values are constants, so the masked logits' true gradient is the log-softmax's own through them, <= e^-64
     # of the kept ones'; recorded, the two in-place edits cost autograd a zeroed [N, V] gradient and an accumulating
-    # scatter each (the update's backward 3.7x slower on SmolLM2's shapes, measured; ~1.3x this way). An autograd
+    # scatter each (the log-softmax's backward 3.1x slower on SmolLM2's shapes in an ad-hoc timing; ~1.3x this way). An autograd
     # node that had saved these logits would fail loudly in backward ("modified by an inplace operation"), never
     # silently: verl's log-softmax and entropy read them after this.
     with torch.no_grad():
