@@ -144,3 +144,36 @@ def test_the_actor_scores_each_token_over_its_sampled_support(tiny_model_dir, tm
         (i, j) for i, f in enumerate(extra_fields) for j, s in enumerate(f.get("response_support") or []) if s[0] == 1
     ]
     assert one and all(abs(float(result["log_probs"][i][j])) < 1e-6 for i, j in one)
+
+
+def test_one_temperature_per_row_in_the_packed_layout():
+    """verl 0.9.1 takes a temperature per sample (``micro_batch["temperature"]``, ``[B]``): each row's masked logits sit
+    64 of its own temperature's nats below its largest kept one, at the packed positions that predict its tokens."""
+    from types import SimpleNamespace
+
+    from treetune_verl.verl.v0_9_1.support_replay import apply_support_replay
+
+    prompts = [torch.tensor([3, 4, 5]), torch.tensor([6, 7])]
+    responses = [torch.tensor([8, 9]), torch.tensor([10, 11, 12])]
+    supports = [
+        [(2, 0.5, -0.5, [8, 1]), (1, 0.5, 0.0, [9])],
+        [(2, 0.5, -0.5, [10, 2]), (3, 0.5, -0.5, [11, 3, 4]), (1, 0.5, 0.0, [12])],
+    ]
+    advantages = [torch.zeros(len(r)) for r in responses]
+    micro_batch = v1_rows(prompts, responses, advantages, 2, extra_fields=[{"response_support": s} for s in supports])
+    micro_batch["temperature"] = torch.tensor([0.5, 2.0])  # no use_remove_padding: verl's default, the packed layout
+    logits = 3 * torch.randn(1, 10, 30, generator=torch.Generator().manual_seed(0))  # 3 + 2 and 2 + 3 tokens
+    output = SimpleNamespace(logits=logits.clone())
+    apply_support_replay(output, micro_batch)
+    # row 0's tokens are predicted at packed positions 2, 3; row 1's (offset 5, prompt 2) at 6, 7, 8
+    expected = {2: (0.5, [8, 1]), 3: (0.5, [9]), 6: (2.0, [10, 2]), 7: (2.0, [11, 3, 4]), 8: (2.0, [12])}
+    for position in range(10):
+        got = output.logits[0, position]
+        if position not in expected:
+            assert torch.equal(got, logits[0, position])
+            continue
+        temperature, ids = expected[position]
+        outside = [i for i in range(30) if i not in ids]
+        assert torch.equal(got[ids], logits[0, position, ids])
+        gap = got[outside] - logits[0, position, ids].max()
+        assert torch.allclose(gap, torch.full_like(gap, -64 * temperature))
