@@ -72,6 +72,33 @@ def _model(name: str) -> tuple[torch.nn.Module, int]:
     return model.train(), int(model.config.vocab_size)
 
 
+def fsdp2_actor(model_name: str, rows: int, n: int):
+    """verl 0.7.1's ``DataParallelPPOActor`` on ``model_name`` wrapped in FSDP2 (one gloo rank joined here, CPU,
+    float32, padded layout), one mini- and micro-batch of ``rows`` rows, AdamW at lr 1e-6; and the vocabulary size."""
+    from torch.distributed.fsdp import fully_shard
+    from verl.workers.actor.dp_actor import DataParallelPPOActor
+    from verl.workers.config import FSDPActorConfig, FSDPEngineConfig
+
+    store = Path(tempfile.mkdtemp()) / "store"
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store}", rank=0, world_size=1, timeout=datetime.timedelta(600)
+    )
+    model, vocab = _model(model_name)
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    config = FSDPActorConfig(
+        strategy="fsdp2",
+        ppo_mini_batch_size=rows,
+        ppo_micro_batch_size_per_gpu=rows,
+        rollout_n=n,
+        use_torch_compile=False,
+        use_remove_padding=False,
+        fsdp_config=FSDPEngineConfig(dtype="float32"),
+    )
+    return DataParallelPPOActor(config, model, torch.optim.AdamW(model.parameters(), lr=1e-6)), vocab
+
+
 def _batch(vocab: int, prompts: int, n: int, prompt_len: int, response_len: int, seed: int):
     from verl import DataProto
 
@@ -140,29 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    from torch.distributed.fsdp import fully_shard
-    from verl.workers.actor.dp_actor import DataParallelPPOActor
-    from verl.workers.config import FSDPActorConfig, FSDPEngineConfig
-
-    store = Path(tempfile.mkdtemp()) / "store"
-    dist.init_process_group(
-        "gloo", init_method=f"file://{store}", rank=0, world_size=1, timeout=datetime.timedelta(600)
-    )
-    model, vocab = _model(args.model)
-    for layer in model.model.layers:
-        fully_shard(layer)
-    fully_shard(model)
-    rows = args.prompts * args.n
-    config = FSDPActorConfig(
-        strategy="fsdp2",
-        ppo_mini_batch_size=rows,
-        ppo_micro_batch_size_per_gpu=rows,
-        rollout_n=args.n,
-        use_torch_compile=False,
-        use_remove_padding=False,
-        fsdp_config=FSDPEngineConfig(dtype="float32"),
-    )
-    actor = DataParallelPPOActor(config, model, torch.optim.AdamW(model.parameters(), lr=1e-6))
+    actor, vocab = fsdp2_actor(args.model, args.prompts * args.n, args.n)
     settings = ForecastSettings(estimators=tuple(args.estimators), eval_share=args.eval_share)
     state = ForecastState()
     shape = (vocab, args.prompts, args.n, args.prompt_length, args.response_length)

@@ -25,11 +25,8 @@ figures. Writes JSON (``--out``).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import platform
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -40,10 +37,10 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from treetune_tests.treetune_verl.forecast.bench_forecast_cost import _model  # noqa: E402
+from treetune_tests.treetune_verl.forecast.bench_forecast_cost import fsdp2_actor  # noqa: E402
 from treetune_tests.treetune_verl.ppo.support_bench import (  # noqa: E402
-    arm_order,
-    summarise,
+    arguments,
+    run_rounds,
     support_memory,
     token_supports,
 )
@@ -90,74 +87,23 @@ def _step(actor, data) -> tuple[float, float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", choices=["tiny", "smollm2"], default="smollm2")
-    parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--prompts", type=int, default=4)
-    parser.add_argument("--n", type=int, default=2)
-    parser.add_argument("--prompt-length", type=int, default=48)
-    parser.add_argument("--response-length", type=int, default=64)
-    parser.add_argument("--support-mean", type=float, default=6.0, help="ids per support, on average")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: as verl's Ray workers run)")
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "outputs" / "bench" / "support_replay_v0_7_1.json")
-    args = parser.parse_args(argv)
+    args = arguments(__doc__, REPO_ROOT / "outputs" / "bench" / "support_replay_v0_7_1.json").parse_args(argv)
     torch.set_num_threads(args.threads)
-
-    from torch.distributed.fsdp import fully_shard
-    from verl.workers.actor.dp_actor import DataParallelPPOActor
-    from verl.workers.config import FSDPActorConfig, FSDPEngineConfig
 
     from treetune_verl.verl.v0_7_1.actor_seams import install
 
     install()
-    store = Path(tempfile.mkdtemp()) / "store"
-    dist.init_process_group(
-        "gloo", init_method=f"file://{store}", rank=0, world_size=1, timeout=datetime.timedelta(600)
-    )
-    model, vocab = _model(args.model)
-    for layer in model.model.layers:
-        fully_shard(layer)
-    fully_shard(model)
-    rows = args.prompts * args.n
-    config = FSDPActorConfig(
-        strategy="fsdp2",
-        ppo_mini_batch_size=rows,
-        ppo_micro_batch_size_per_gpu=rows,
-        rollout_n=args.n,
-        use_torch_compile=False,
-        use_remove_padding=False,
-        fsdp_config=FSDPEngineConfig(dtype="float32"),
-    )
-    actor = DataParallelPPOActor(config, model, torch.optim.AdamW(model.parameters(), lr=1e-6))
-    data, supports = _batch(vocab, args, seed=10_000)
-    data.non_tensor_batch[RESPONSE_SUPPORT_KEY] = supports
-    _step(actor, data)  # warm-up of both paths (AdamW state, allocator)
-    memory = support_memory(list(supports))
-    rounds: list[dict[str, float]] = []
-    for r in range(args.rounds):
-        record: dict[str, float] = {}
-        for arm in arm_order(r):
-            data, supports = _batch(vocab, args, seed=r)
-            if arm == "replay":
-                data.non_tensor_batch[RESPONSE_SUPPORT_KEY] = supports
-            record[f"{arm}_s"], record[f"{arm}_cpu_s"], record[f"{arm}_log_prob"] = _step(actor, data)
-        if not record["replay_log_prob"] > record["plain_log_prob"] + 1.0:
-            raise RuntimeError(f"round {r}: the replay arm's log-probs are not over the supports: {record}")
-        record["overhead"] = record["replay_s"] / record["plain_s"] - 1
-        record["overhead_cpu"] = record["replay_cpu_s"] / record["plain_cpu_s"] - 1
-        rounds.append(record)
-        print(json.dumps({"round": r, **{k: round(v, 4) for k, v in record.items()}}), flush=True)
-        result = {
-            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            "machine": platform.platform(),
-            "verl": "0.7.1",
-            "goal": "overhead <= 0.05",
-            "summary": summarise(rounds, ("overhead", "overhead_cpu", "plain_s", "replay_s")),
-            "memory": memory,
-            "rounds": rounds,
-        }
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1))  # after every round: an interrupted run keeps its rounds
+    actor, vocab = fsdp2_actor(args.model, args.prompts * args.n, args.n)
+
+    def step(seed: int, replay: bool) -> tuple[float, float, float]:
+        data, supports = _batch(vocab, args, seed)
+        if replay:
+            data.non_tensor_batch[RESPONSE_SUPPORT_KEY] = supports
+        return _step(actor, data)
+
+    step(10_000, replay=True)  # warm-up of both paths (AdamW state, allocator)
+    memory = support_memory(list(_batch(vocab, args, seed=10_000)[1]))
+    result = run_rounds(args, "0.7.1", step, memory)
     dist.destroy_process_group()
     print(json.dumps({"summary": result["summary"], "memory": memory}, indent=1))
     return 0

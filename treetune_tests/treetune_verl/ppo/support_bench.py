@@ -1,7 +1,7 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""What the two stacks' support-replay cost benches share: the rows' sampled supports, the memory they take, the
-rounds' order and summary.
+"""What the two stacks' support-replay cost benches share: their arguments, the rows' sampled supports, the memory
+they take, and the rounds (ABBA order, the check that the mask ran, the summary, the JSON).
 
 A support is what our server hands verl per response token (``treetune_verl/sglang/support.py``,
 ``TOKEN_SUPPORT_FIELDS``): ``(size, kept_mass, sampled_logprob, token_ids)``. The benches give every response token a
@@ -11,11 +11,15 @@ the token among them: the mask's cost grows with the tokens masked, hardly with 
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 import pickle
+import platform
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -86,3 +90,57 @@ def summarise(rounds: Sequence[dict[str, float]], keys: Sequence[str]) -> dict[s
             "ci95": [None if math.isnan(low) else low, None if math.isnan(high) else high],
         }
     return summary
+
+
+def arguments(description: str, default_out: Path) -> argparse.ArgumentParser:
+    """Both benches' options: the model, the rounds, the batch's shape, the supports' mean size, threads, ``--out``."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=["tiny", "smollm2"], default="smollm2")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--n", type=int, default=2)
+    parser.add_argument("--prompt-length", type=int, default=48)
+    parser.add_argument("--response-length", type=int, default=64)
+    parser.add_argument("--support-mean", type=float, default=6.0, help="ids per support, on average")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: as verl's Ray workers run)")
+    parser.add_argument("--out", type=Path, default=default_out)
+    return parser
+
+
+def run_rounds(
+    args: argparse.Namespace,
+    verl: str,
+    step: Callable[[int, bool], tuple[float, float, float]],
+    memory: dict[str, float],
+) -> dict[str, Any]:
+    """``args.rounds`` rounds of both arms on round ``r``'s rows (``step(r, replay)``: wall seconds, process CPU
+    seconds, the old log-probs' mean in nats), in :func:`arm_order`; the JSON written to ``args.out`` after every round
+    (an interrupted run keeps its rounds). Returns the last result.
+
+    Raises:
+        RuntimeError: a round whose replay arm's log-probs do not lie far above the plain arm's (over supports of a few
+            ids they must: else the mask did not run and the bench would time nothing).
+    """
+    rounds: list[dict[str, float]] = []
+    for r in range(args.rounds):
+        record: dict[str, float] = {}
+        for arm in arm_order(r):
+            record[f"{arm}_s"], record[f"{arm}_cpu_s"], record[f"{arm}_log_prob"] = step(r, arm == "replay")
+        if not record["replay_log_prob"] > record["plain_log_prob"] + 1.0:
+            raise RuntimeError(f"round {r}: the replay arm's log-probs are not over the supports: {record}")
+        record["overhead"] = record["replay_s"] / record["plain_s"] - 1
+        record["overhead_cpu"] = record["replay_cpu_s"] / record["plain_cpu_s"] - 1
+        rounds.append(record)
+        print(json.dumps({"round": r, **{k: round(v, 4) for k, v in record.items()}}), flush=True)
+        result = {
+            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "machine": platform.platform(),
+            "verl": verl,
+            "goal": "overhead <= 0.05",
+            "summary": summarise(rounds, ("overhead", "overhead_cpu", "plain_s", "replay_s")),
+            "memory": memory,
+            "rounds": rounds,
+        }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1))
+    return result

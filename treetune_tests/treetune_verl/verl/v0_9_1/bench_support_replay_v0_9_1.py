@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -36,8 +35,8 @@ REPO_ROOT = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(REPO_ROOT))
 
 from treetune_tests.treetune_verl.ppo.support_bench import (  # noqa: E402
-    arm_order,
-    summarise,
+    arguments,
+    run_rounds,
     support_memory,
     token_supports,
 )
@@ -67,17 +66,7 @@ def _rows(args: argparse.Namespace, vocab: int, seed: int):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", choices=["tiny", "smollm2"], default="smollm2")
-    parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--prompts", type=int, default=4)
-    parser.add_argument("--n", type=int, default=2)
-    parser.add_argument("--prompt-length", type=int, default=48)
-    parser.add_argument("--response-length", type=int, default=64)
-    parser.add_argument("--support-mean", type=float, default=6.0, help="ids per support, on average")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: as verl's Ray workers run)")
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "outputs" / "bench" / "support_replay_v0_9_1.json")
-    args = parser.parse_args(argv)
+    args = arguments(__doc__, REPO_ROOT / "outputs" / "bench" / "support_replay_v0_9_1.json").parse_args(argv)
 
     if any(os.environ.get(key) != value for key, value in CPU_RUNTIME.items()):
         # verl's CPU runtime patches are installed at interpreter start (tools/cpu_shims/verl_cpu)
@@ -131,28 +120,7 @@ def main(argv: list[str] | None = None) -> int:
 
     step(10_000, replay=True)  # warm-up of both paths (AdamW state, allocator)
     memory = support_memory(_rows(args, vocab, 10_000)[3])
-    rounds: list[dict[str, float]] = []
-    for r in range(args.rounds):
-        record: dict[str, float] = {}
-        for arm in arm_order(r):
-            record[f"{arm}_s"], record[f"{arm}_cpu_s"], record[f"{arm}_log_prob"] = step(r, replay=arm == "replay")
-        if not record["replay_log_prob"] > record["plain_log_prob"] + 1.0:
-            raise RuntimeError(f"round {r}: the replay arm's log-probs are not over the supports: {record}")
-        record["overhead"] = record["replay_s"] / record["plain_s"] - 1
-        record["overhead_cpu"] = record["replay_cpu_s"] / record["plain_cpu_s"] - 1
-        rounds.append(record)
-        print(json.dumps({"round": r, **{k: round(v, 4) for k, v in record.items()}}), flush=True)
-        result = {
-            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            "machine": platform.platform(),
-            "verl": "0.9.1",
-            "goal": "overhead <= 0.05",
-            "summary": summarise(rounds, ("overhead", "overhead_cpu", "plain_s", "replay_s")),
-            "memory": memory,
-            "rounds": rounds,
-        }
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1))  # after every round: an interrupted run keeps its rounds
+    result = run_rounds(args, "0.9.1", step, memory)
     torch.distributed.destroy_process_group()
     print(json.dumps({"summary": result["summary"], "memory": memory}, indent=1))
     return 0
