@@ -58,6 +58,8 @@ CURRENT_TESTS := \
 	treetune_tests/treetune_verl/trainer/test_custom_keys_on_cpu.py \
 	treetune_tests/treetune_verl/test_import_layout_on_cpu.py \
 	treetune_tests/treetune_verl/test_seams_page_on_cpu.py \
+	treetune_tests/treetune_verl/test_timing_on_cpu.py \
+	treetune_tests/treetune_verl/test_log_level_on_cpu.py \
 	treetune_tests/treetune_verl/probe \
 	treetune_tests/treetune_verl/forecast/test_directional_on_cpu.py \
 	treetune_tests/treetune_verl/forecast/test_early_warning_on_cpu.py \

@@ -23,6 +23,9 @@ ROLLOUT_ABORTED_KEY = "rollout_aborted"
 # DataProto.batch, bool [B]: True for the rows whose agent loop raised (rollout.custom.over_sample.abort_failed_rows);
 # they are aborted rows too (ROLLOUT_ABORTED_KEY), and so are the other rows of their group.
 ROLLOUT_FAILED_KEY = "rollout_failed"
+# DataProto.batch, int64 [B] (verl 0.7.1's worker -> manager, popped there): the response tokens an aborted row had
+# when it stopped (0 for kept rows), for rollout/aborted_tokens.
+ROLLOUT_ABORTED_TOKENS_KEY = "rollout_aborted_tokens"
 # DataProto.batch, int64 [B] (carry-over only): how many leading response tokens of a trained row were sampled at
 # earlier steps (by older weights); 0 for fresh and aborted rows.
 ROLLOUT_RESUMED_TOKENS_KEY = "rollout_resumed_tokens"

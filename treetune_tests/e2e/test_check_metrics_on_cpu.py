@@ -18,9 +18,11 @@ from treetune_tests.e2e.check_metrics import (
     ENTROPY_MEAN,
     GRAD_NORM,
     KL_LOSS,
+    OVER_SAMPLE_KEYS,
     PEARSON,
     PG_LOSS,
     PROBS_DIFF,
+    TREETUNE_CPU,
     TREETUNE_SHARE,
     TREETUNE_TIMING,
     VAL_ENTROPY_MEAN,
@@ -40,6 +42,10 @@ TIMING = {
     TREETUNE_TIMING + "trainer_hooks": 0.002,
     TREETUNE_TIMING + "over_sampling": 0.0,
     TREETUNE_TIMING + "steering": 0.0,
+    TREETUNE_CPU + "rollout_entropy": 0.008,
+    TREETUNE_CPU + "trainer_hooks": 0.002,
+    TREETUNE_CPU + "over_sampling": 0.0,
+    TREETUNE_CPU + "steering": 0.0,
     TREETUNE_SHARE: 0.004,
 }
 
@@ -211,6 +217,8 @@ def test_timing_checks_every_feature_and_the_share():
     assert check([_train(1)], min_steps=1) == []
     missing = {k: v for k, v in _train(1).items() if k != TREETUNE_TIMING + "trainer_hooks"}
     assert any("timing_s/treetune/trainer_hooks missing" in e for e in check([missing], min_steps=1))
+    no_cpu = {k: v for k, v in _train(1).items() if k != TREETUNE_CPU + "rollout_entropy"}
+    assert any("cpu_s/treetune/rollout_entropy missing" in e for e in check([no_cpu], min_steps=1))
     idle = check([_train(1)], min_steps=1, pg_token_quantile=0.2)  # steering on but 0 s: it did not run
     assert any(TREETUNE_TIMING + "steering" in e for e in idle)
     assert any(TREETUNE_SHARE in e for e in check([_train(1, **{TREETUNE_SHARE: 1.5})], min_steps=1))
@@ -220,12 +228,18 @@ def test_timing_checks_every_feature_and_the_share():
 def test_feature_shares_are_medians_over_the_steps_after_the_first():
     steps = [
         _train(1, **{"timing_s/step": 20.0, TREETUNE_TIMING + "steering": 5.0}),  # warm-up: dropped
-        _train(2, **{"timing_s/step": 10.0, TREETUNE_TIMING + "steering": 0.1}),
-        _train(3, **{"timing_s/step": 5.0, TREETUNE_TIMING + "steering": 0.1}),
-        _train(4, **{"timing_s/step": 10.0, TREETUNE_TIMING + "steering": 0.3}),
+        _train(2, **{"timing_s/step": 10.0, TREETUNE_TIMING + "steering": 0.1, TREETUNE_CPU + "steering": 0.05}),
+        _train(3, **{"timing_s/step": 5.0, TREETUNE_TIMING + "steering": 0.1, TREETUNE_CPU + "steering": 0.07}),
+        _train(4, **{"timing_s/step": 10.0, TREETUNE_TIMING + "steering": 0.3, TREETUNE_CPU + "steering": 0.2}),
     ]
     shares = feature_shares(steps)
-    assert shares["steering"] == {"median_s": 0.1, "min_s": 0.1, "max_s": 0.3, "median_share": 0.02}
+    assert shares["steering"] == {
+        "median_s": 0.1,
+        "min_s": 0.1,
+        "max_s": 0.3,
+        "median_share": 0.02,
+        "median_cpu_s": 0.07,
+    }
     assert shares["rollout_entropy"]["median_share"] == pytest.approx(0.001)
     assert shares["step"]["median_s"] == 10.0 and "median_share" not in shares["step"]
     assert "steering" in table(shares)
@@ -256,26 +270,54 @@ def test_carry_over_checks():
     assert any("backlog" in e for e in check(missing, min_steps=3, carry_over=True))
 
 
-def test_over_sampling_checks_on_verl_0_9_1s_replay_buffer():
-    """On verl 0.9.1 the aborted groups never reach verl's batch: verl's own aborted ratio must be 0 there."""
-    over = {TREETUNE_TIMING + "over_sampling": 0.05}
-    logged = {"rollout/aborted_groups": 1, "rollout/aborted_ratio": 0.25, "rollout/abort_wait_s": 0.1}
-    passing = _train(1, **over, **logged, **{"response/aborted_ratio": 0.0})
-    assert check([passing], min_steps=1, aborted_ratio=0.25) == []
-    leaked = _train(1, **over, **logged, **{"response/aborted_ratio": 0.25})  # aborted rows in the batch
+def _over_sampled(**overrides) -> dict:
+    """Every over-sampling key (both stacks log the same ones), one group of 4 aborted, the kept rows scoring 0.5."""
+    logged = {
+        TREETUNE_TIMING + "over_sampling": 0.05,
+        TREETUNE_CPU + "over_sampling": 0.01,
+        "rollout/kept_groups": 3,
+        "rollout/aborted_groups": 1,
+        "rollout/failed_groups": 0,
+        "rollout/aborted_rows": 2,
+        "rollout/failed_rows": 0,
+        "rollout/aborted_ratio": 0.25,
+        "rollout/aborted_tokens": 40,
+        "rollout/abort_wait_s": 0.1,
+        "rollout/score/completed_mean": 0.5,
+        "rollout/score/aborted_as_zero_mean": 0.375,
+        "critic/score/mean": 0.5,
+        "response/aborted_ratio": 0.0,
+    }
+    return logged | overrides
+
+
+def test_over_sampling_checks_the_same_keys_on_both_stacks():
+    """verl 0.9.1 keeps the aborted rows out of verl's batch (verl's own aborted ratio 0), verl 0.7.1 holds them empty
+    (verl's ratio is ours); anything else, a missing key, a failed row or a ratio other than the target's fails."""
+    for verl_ratio in (0.0, 0.25):
+        passing = _train(1, **_over_sampled(**{"response/aborted_ratio": verl_ratio}))
+        assert check([passing], min_steps=1, aborted_ratio=0.25) == []
+    leaked = _train(1, **_over_sampled(**{"response/aborted_ratio": 0.5}))
     assert any("response/aborted_ratio" in e for e in check([leaked], min_steps=1, aborted_ratio=0.25))
-    wrong = _train(1, **over, **(logged | {"rollout/aborted_ratio": 0.5}), **{"response/aborted_ratio": 0.0})
+    wrong = _train(1, **_over_sampled(**{"rollout/aborted_ratio": 0.5}))
     assert any("rollout/aborted_ratio" in e for e in check([wrong], min_steps=1, aborted_ratio=0.25))
+    for key in OVER_SAMPLE_KEYS:
+        missing = {k: v for k, v in _train(1, **_over_sampled()).items() if k != key}
+        assert any(f"{key} missing" in e for e in check([missing], min_steps=1, aborted_ratio=0.25)), key
+    failed = _train(1, **_over_sampled(**{"rollout/failed_rows": 1}))
+    assert any("rollout/failed_rows" in e for e in check([failed], min_steps=1, aborted_ratio=0.25))
+
+
+def test_the_checked_keys_are_the_packages_on_both_stacks():
+    """The reference list written in check_metrics.py is what both stacks' code emits (``trainer/metrics.py``)."""
+    from treetune_verl.trainer.metrics import OVER_SAMPLE_METRICS
+
+    assert sorted(OVER_SAMPLE_KEYS) == sorted(OVER_SAMPLE_METRICS)
 
 
 def _v1_carried(step: int, resumed: int, carried: int, dropped: int, tokens_trained: int) -> dict:
     logged = {
-        TREETUNE_TIMING + "over_sampling": 0.05,
-        "rollout/kept_groups": 3,
-        "rollout/aborted_groups": dropped,
-        "rollout/aborted_ratio": 0.0,
-        "rollout/abort_wait_s": 0.1,
-        "response/aborted_ratio": 0.0,
+        **_over_sampled(**{"rollout/aborted_groups": dropped, "rollout/aborted_ratio": 0.0}),
         CARRY_OVER + "groups_resumed": resumed,
         CARRY_OVER + "groups_carried": carried,
         CARRY_OVER + "tokens_trained": tokens_trained,

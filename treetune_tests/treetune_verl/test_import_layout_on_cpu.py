@@ -61,6 +61,7 @@ LEAVES = {
     "treetune_verl.verl_guard",
     "treetune_verl.batch_keys",
     "treetune_verl.timing",
+    "treetune_verl.log_level",
     "treetune_verl.lazy_exports",
 }
 # Third-party packages a layer must not import: the sglang side stays usable without verl.

@@ -95,12 +95,18 @@ class StepCounter:
         await count.completed(group).wait()
         return group in count.kept
 
-    async def wait(self, step: str) -> None:
-        await self._steps[step].reached.wait()
+    async def wait(self, step: str) -> bool:
+        """Returns once ``step``'s target is reached (``True``) or the step ended without it (``False``: failures
+        left fewer whole groups than the target)."""
+        count = self._steps[step]
+        await count.reached.wait()
+        return len(count.kept) == count.target
 
     async def end(self, step: str) -> int:
-        """Forget ``step``; returns how many groups were kept."""
-        return len(self._steps.pop(step).kept)
+        """Forget ``step`` and wake its waiters (no call is left parked here); returns how many groups were kept."""
+        count = self._steps.pop(step)
+        count.reached.set()
+        return len(count.kept)
 
     async def open_steps(self) -> int:
         return len(self._steps)
@@ -180,12 +186,13 @@ class OverSampleStep:
         From then on the server manager answers these trajectories' turns at once (``target_reached``), and the
         servers cut the requests already running.
         """
-        await self._counter.wait.remote(self._step)
+        if not await self._counter.wait.remote(self._step):
+            return  # the step ended without reaching its target: nothing is left to abort
         with SECONDS.timed(OVER_SAMPLING):
             self.target_reached = True
             self.aborted_sessions = sorted(self._open)
-            if self.aborted_sessions:
-                await server_manager.abort_sessions(self.aborted_sessions)
+        if self.aborted_sessions:  # awaited outside the block: waiting is not our work (timing.py)
+            await server_manager.abort_sessions(self.aborted_sessions)
 
 
 def plan_of(meta_info: dict[str, Any]) -> dict[str, Any] | None:

@@ -24,6 +24,7 @@ First stop of the verl side: sglang's ``meta_info["output_token_entropy"]`` beco
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
@@ -47,6 +48,7 @@ from verl.workers.rollout.sglang_rollout.async_sglang_server import SGLangHttpSe
 # this often, for at most that second.
 PAUSE_POLL_S = 0.01
 PAUSE_WAIT_S = 1.0
+logger = logging.getLogger(__name__)
 
 
 class _NoOutputTokens(Exception):
@@ -130,7 +132,8 @@ class EntropySGLangHttpServer(SGLangHttpServer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._aborted_sessions: set[str] = set()  # emptied by forget_sessions at the end of each step
+        # session -> time.monotonic() of its abort; emptied by forget_sessions at the end of each step
+        self._aborted_sessions: dict[str, float] = {}
         self._replay_support = True  # custom.entropy.replay, read with the other settings by launch_server
 
     async def launch_server(self, master_address: str | None = None, master_port: int | None = None) -> None:
@@ -190,11 +193,13 @@ class EntropySGLangHttpServer(SGLangHttpServer):
             output = await super().generate(prompt_ids, sampling_params, request_id, **kwargs)
         except _NoOutputTokens as empty:
             stop_reason = (empty.meta_info["finish_reason"] or {}).get("type")
+            self._log_cut(request_id, stop_reason, 0)
             return self._no_token_output(
                 return_logprob, stop_reason, session_aborted=self._session_aborted(request_id, stop_reason)
             )
         finally:
             meta_info = tap.collect(request_id)
+        self._log_cut(request_id, output.stop_reason, len(output.token_ids))
         entropy = support = None
         fields = dict(output)
         if return_logprob:
@@ -219,6 +224,19 @@ class EntropySGLangHttpServer(SGLangHttpServer):
                     support = None
         session_aborted = self._session_aborted(request_id, output.stop_reason)
         return EntropyTokenOutput(**fields, entropy=entropy, support=support, session_aborted=session_aborted)
+
+    def _log_cut(self, request_id: str, stop_reason: str | None, tokens: int) -> None:
+        """A request of an aborted session, returned: how long after the abort, how many tokens, cut or not (the
+        abort's latency on the engine's side, issue 49; one line per request that was in flight at the abort)."""
+        aborted_at = self._aborted_sessions.get(session_of(request_id))
+        if aborted_at is not None:
+            logger.info(
+                "abort latency: request %s of an aborted session returned %.3f s after the abort, %d tokens, stop %s",
+                request_id,
+                time.monotonic() - aborted_at,
+                tokens,
+                stop_reason,
+            )
 
     def _session_aborted(self, request_id: str, stop_reason: str | None) -> bool:
         """Whether the request stopped because its session was aborted (not by a pause of every request)."""
@@ -246,12 +264,13 @@ class EntropySGLangHttpServer(SGLangHttpServer):
         for session in sessions:
             if session_of(session) != session:
                 raise ValueError(f"abort_sessions: {session!r} is not a session prefix (treetune_verl.rollout.session)")
-            self._aborted_sessions.add(session)
+            self._aborted_sessions[session] = time.monotonic()
             self.tokenizer_manager.send_to_scheduler.send_pyobj(AbortReq(rid=session))
 
     async def forget_sessions(self, sessions: list[str]) -> None:
         """Drop these sessions from the aborted set (the step that aborted them is over)."""
-        self._aborted_sessions.difference_update(sessions)
+        for session in sessions:
+            self._aborted_sessions.pop(session, None)
 
     async def abort_all_requests(self) -> None:
         """verl's pause (sglang's ``pause_generation(mode="abort")``: every request aborted, later ones held until

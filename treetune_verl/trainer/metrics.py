@@ -88,34 +88,100 @@ def actor_agreement_metrics(
     return {f"{AGREEMENT_PREFIX}/mean": float(diff.mean()), f"{AGREEMENT_PREFIX}/max": float(diff.max())}
 
 
-def over_sample_metrics(
-    aborted: torch.Tensor, scores: torch.Tensor, failed: torch.Tensor | None = None
+# Over-sampling's and failed rows' metrics, the same keys on both stacks (issue 49): the rollout's side
+# (:func:`abort_metrics`: verl 0.9.1's replay buffer, verl 0.7.1's manager) and the trainer's (:func:`score_metrics`,
+# once the rows are scored). A test compares each stack's run against this set.
+ABORT_METRICS = tuple(
+    f"{OVER_SAMPLE_PREFIX}/{name}"
+    for name in (
+        "kept_groups",
+        "aborted_groups",
+        "failed_groups",
+        "aborted_rows",
+        "failed_rows",
+        "aborted_ratio",
+        "aborted_tokens",
+        "abort_wait_s",
+    )
+)
+COMPLETED_SCORE_METRIC = f"{OVER_SAMPLE_PREFIX}/score/completed_mean"
+ABORTED_AS_ZERO_METRIC = f"{OVER_SAMPLE_PREFIX}/score/aborted_as_zero_mean"
+OVER_SAMPLE_METRICS = (*ABORT_METRICS, COMPLETED_SCORE_METRIC, ABORTED_AS_ZERO_METRIC)
+
+
+def abort_metrics(
+    *,
+    kept_groups: int,
+    aborted_groups: int,
+    failed_groups: int,
+    kept_rows: int,
+    aborted_rows: int,
+    failed_rows: int,
+    aborted_tokens: int,
+    abort_wait_s: float,
 ) -> dict[str, float]:
-    """The aborted share of a step and its reward seen two ways (over-sampling with abort).
+    """A step's aborted share, as both stacks count it.
 
     Args:
-        aborted: ``[B]`` bool, ``batch["rollout_aborted"]``.
-        scores: ``[B]`` float, each row's score (``token_level_scores.sum(-1)``; 0 for aborted rows).
-        failed: ``[B]`` bool, ``batch["rollout_failed"]`` (rows whose agent loop raised; also aborted), if any.
-
-    Returns:
-        ``rollout/aborted_ratio``, ``rollout/aborted_rows``; ``rollout/score/completed_mean`` (the completed rows
-        only: what verl's ``critic/score/mean`` reports, biased up, since the aborted rows are the long, hard ones)
-        and ``rollout/score/aborted_as_zero_mean`` (every row, aborted ones as 0: biased down); with ``failed``,
-        ``rollout/failed_rows``.
+        kept_groups, kept_rows: the whole groups trained and their rows.
+        aborted_groups, aborted_rows: the groups dropped (not kept: cut, finished too late, or failed) and all their
+            rows, the finished ones and those whose agent loop raised included.
+        failed_groups, failed_rows: the dropped groups with a row whose agent loop raised, and those rows.
+        aborted_tokens: the response tokens the aborted rows had when they stopped.
+        abort_wait_s: the step's wait from the target reached to the aborted rows settled (``timing.py``).
     """
-    aborted = aborted.bool()
-    scores = scores.double()
-    metrics = {
-        f"{OVER_SAMPLE_PREFIX}/aborted_ratio": float(aborted.double().mean()),
-        f"{OVER_SAMPLE_PREFIX}/aborted_rows": float(aborted.sum()),
-        f"{OVER_SAMPLE_PREFIX}/score/aborted_as_zero_mean": float(torch.where(aborted, 0.0, scores).mean()),
+    rows = kept_rows + aborted_rows
+    values = {
+        "kept_groups": kept_groups,
+        "aborted_groups": aborted_groups,
+        "failed_groups": failed_groups,
+        "aborted_rows": aborted_rows,
+        "failed_rows": failed_rows,
+        "aborted_ratio": aborted_rows / rows if rows else 0.0,
+        "aborted_tokens": aborted_tokens,
+        "abort_wait_s": abort_wait_s,
     }
-    if (~aborted).any():
-        metrics[f"{OVER_SAMPLE_PREFIX}/score/completed_mean"] = float(scores[~aborted].mean())
-    if failed is not None:
-        metrics[f"{OVER_SAMPLE_PREFIX}/failed_rows"] = float(failed.bool().sum())
-    return metrics
+    return {f"{OVER_SAMPLE_PREFIX}/{name}": float(value) for name, value in values.items()}
+
+
+def score_metrics(completed_mean: float | None, kept_rows: int, aborted_rows: int) -> dict[str, float]:
+    """The step's reward seen two ways: ``rollout/score/completed_mean``, the kept rows' mean score (what verl's
+    ``critic/score/mean`` reports when aborted rows never reach its batch; biased up, since the aborted rows are the
+    long, hard ones; absent when no row was kept), and ``rollout/score/aborted_as_zero_mean``, every row with the
+    aborted ones as 0 (biased down)."""
+    if not kept_rows or completed_mean is None:
+        return {ABORTED_AS_ZERO_METRIC: 0.0}
+    return {
+        COMPLETED_SCORE_METRIC: float(completed_mean),
+        ABORTED_AS_ZERO_METRIC: float(completed_mean) * kept_rows / (kept_rows + aborted_rows),
+    }
+
+
+def batch_abort_metrics(
+    uids: Any, aborted: torch.Tensor, failed: torch.Tensor, aborted_tokens: torch.Tensor, abort_wait_s: float
+) -> dict[str, float]:
+    """:func:`abort_metrics` of a batch that holds its aborted rows (verl 0.7.1's manager).
+
+    Args:
+        uids: ``[B]`` each row's group (``non_tensor_batch["uid"]``).
+        aborted, failed: ``[B]`` bool, ``batch["rollout_aborted"]`` / ``batch["rollout_failed"]``.
+        aborted_tokens: ``[B]`` int, the tokens each aborted row had when it stopped (0 for kept rows).
+        abort_wait_s: as in :func:`abort_metrics`.
+    """
+    groups = [str(uid) for uid in uids]
+    aborted_list, failed_list = aborted.bool().tolist(), failed.bool().tolist()
+    dropped = {group for group, cut in zip(groups, aborted_list, strict=True) if cut}
+    failed_groups = {group for group, bad in zip(groups, failed_list, strict=True) if bad}
+    return abort_metrics(
+        kept_groups=len(set(groups) - dropped),
+        aborted_groups=len(dropped),
+        failed_groups=len(failed_groups),
+        kept_rows=aborted_list.count(False),
+        aborted_rows=aborted_list.count(True),
+        failed_rows=failed_list.count(True),
+        aborted_tokens=int(aborted_tokens.sum()),
+        abort_wait_s=abort_wait_s,
+    )
 
 
 MANAGED_PREFIX = "managed"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import time
 
 import numpy as np
 import pytest
@@ -27,7 +28,7 @@ from treetune_verl.agent_loop.over_sample import (
 )
 from treetune_verl.rollout.session import new_session_id
 from treetune_verl.trainer.features import RunFeatures, check_over_sample_config, completion_target, over_sample_rate
-from treetune_verl.trainer.metrics import over_sample_metrics
+from treetune_verl.trainer.metrics import ABORT_METRICS, batch_abort_metrics, score_metrics
 from treetune_verl.verl.v0_7_1.trainer_seams import _wrap_extract_reward
 
 
@@ -212,21 +213,139 @@ async def test_more_waiting_rows_than_rays_default_concurrency_on_the_real_actor
     assert all(kept) and await counter.end.remote("big") == 1500
 
 
+async def test_ending_a_step_wakes_its_waiters_when_the_target_was_not_reached(local_ray):
+    """A step whose failures left fewer whole groups than the target: ``end`` answers the parked ``wait`` calls
+    (``False``), so no call stays parked at the actor after its step."""
+    counter = CompletionCounter.remote()
+    await counter.begin.remote("short", 2, {"a": 1, "b": 1})
+    waiting = counter.wait.remote("short")
+    assert await counter.settle.remote("short", "a") is True
+    assert await counter.settle.remote("short", "b", True) is False  # b failed: the target of 2 is out of reach
+    assert await counter.end.remote("short") == 1
+    assert await asyncio.wait_for(waiting, 10) is False
+    await counter.begin.remote("full", 1, {"a": 1})
+    waiting = counter.wait.remote("full")
+    await counter.settle.remote("full", "a")
+    assert await asyncio.wait_for(waiting, 10) is True and await counter.end.remote("full") == 1
+
+
+def _burn_cpu(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+async def test_the_managers_over_sampling_cost_is_the_steps_wait_after_the_target_and_the_workers_cpu(
+    local_ray, monkeypatch
+):
+    """Issue 49's stand-in on verl 0.7.1: the manager's real ``generate_sequences`` around stand-in workers whose
+    times are known. They generate 0.3 s before the target (verl's time), settle the kept group at the real counter,
+    then take ``wait_s`` more before the step's rows are back (the abort's time, on the step's path) and burn
+    ``work_s`` of CPU in a timed block of their own process, shipped with the rows as a real worker's are.
+
+    ``rollout/abort_wait_s`` is the known wait, ``timing_s/treetune/over_sampling`` the step's wall time on our code
+    (the test's own clock: the call's wall less the stand-in's time before the target) and ``cpu_s`` the work, each
+    within 10 % (20 ms floor). The old definition gave the worker's summed awaits instead."""
+    from verl.experimental.agent_loop.agent_loop import AgentLoopManager
+
+    from treetune_verl import timing
+    from treetune_verl.batch_keys import (
+        OVER_SAMPLE_META_KEY,
+        PENDING_METRICS_KEY,
+        ROLLOUT_ABORTED_KEY,
+        ROLLOUT_ABORTED_TOKENS_KEY,
+        ROLLOUT_FAILED_KEY,
+        TIMING_KEY,
+    )
+    from treetune_verl.verl import EntropyAgentLoopManager
+    from treetune_verl.verl.v0_7_1 import entropy_manager
+
+    wait_s, work_s = 0.8, 0.25
+    seconds = timing.FeatureSeconds()
+    monkeypatch.setattr(entropy_manager, "SECONDS", seconds)
+    truth: dict[str, float] = {}
+
+    async def workers(self, prompts):
+        truth["workers_start"] = time.perf_counter()
+        plan = prompts.meta_info[OVER_SAMPLE_META_KEY]
+        await asyncio.sleep(0.3)
+        await asyncio.gather(*(plan["counter"].settle.remote(plan["step"], "A") for _ in range(2)))
+        truth["reached"] = time.perf_counter()
+        await asyncio.sleep(wait_s)
+        worker_seconds = timing.FeatureSeconds()  # a worker process's
+        with worker_seconds.timed(timing.OVER_SAMPLING):
+            _burn_cpu(work_s)
+        shipped = np.array([worker_seconds.take().cpu, None, None, None], dtype=object)
+        truth["end"] = time.perf_counter()
+        columns = {
+            ROLLOUT_ABORTED_KEY: torch.tensor([False, False, True, True]),
+            ROLLOUT_FAILED_KEY: torch.zeros(4, dtype=torch.bool),
+            ROLLOUT_ABORTED_TOKENS_KEY: torch.tensor([0, 0, 4, 9]),
+        }
+        return DataProto.from_dict(tensors=columns, non_tensors={TIMING_KEY: shipped})
+
+    monkeypatch.setattr(AgentLoopManager, "generate_sequences", workers)
+    manager = object.__new__(EntropyAgentLoopManager)  # no servers: the stand-in is the workers
+    manager._completion_counter = CompletionCounter.remote()
+    manager._over_sample_rate, manager._abort_failed_rows = 0.5, False
+    manager.carry_over, manager.rollout_eval = None, None
+    prompts = DataProto.from_dict(
+        tensors={"x": torch.zeros(4, 1)},
+        non_tensors={"uid": np.array(["A", "A", "B", "B"], dtype=object)},
+        meta_info={"global_steps": 1},
+    )
+    start = time.perf_counter()
+    output = await manager.generate_sequences(prompts)
+    wall = time.perf_counter() - start
+    metrics = timing.step_metrics(seconds.take(), step_s=None)
+    abort_wait = output.meta_info[PENDING_METRICS_KEY]["rollout/abort_wait_s"]
+    on_our_code = wall - (truth["reached"] - truth["workers_start"])  # the call's wall less verl's generation
+
+    def close(value: float, truth_s: float) -> bool:
+        return abs(value - truth_s) <= max(0.1 * truth_s, 0.02)
+
+    assert close(abort_wait, truth["end"] - truth["reached"]) and abort_wait >= wait_s
+    assert close(metrics["timing_s/treetune/over_sampling"], on_our_code)
+    assert close(metrics["cpu_s/treetune/over_sampling"], work_s)
+    assert TIMING_KEY not in output.non_tensor_batch and ROLLOUT_ABORTED_TOKENS_KEY not in set(output.batch.keys())
+    pending = output.meta_info[PENDING_METRICS_KEY]
+    assert {key: pending[key] for key in ABORT_METRICS if key != "rollout/abort_wait_s"} == {
+        "rollout/kept_groups": 1.0,
+        "rollout/aborted_groups": 1.0,
+        "rollout/failed_groups": 0.0,
+        "rollout/aborted_rows": 2.0,
+        "rollout/failed_rows": 0.0,
+        "rollout/aborted_ratio": 0.5,
+        "rollout/aborted_tokens": 13.0,
+    }
+
+
 def test_over_sample_metrics_by_hand():
-    aborted = torch.tensor([False, True, False, True])
-    scores = torch.tensor([1.0, 0.0, 0.5, 0.0])
-    metrics = over_sample_metrics(aborted, scores)
+    """Groups a (kept), b (dropped: one row cut with 5 tokens, one finished too late with 3), c (failed: one row
+    raised, its sibling cut with 2 tokens); the scores of the kept rows 1 and 0.5."""
+    uids = np.array(["a", "a", "b", "b", "c", "c"], dtype=object)
+    aborted = torch.tensor([False, False, True, True, True, True])
+    failed = torch.tensor([False, False, False, False, True, False])
+    tokens = torch.tensor([0, 0, 5, 3, 0, 2])
+    metrics = batch_abort_metrics(uids, aborted, failed, tokens, abort_wait_s=0.25)
     assert metrics == pytest.approx(
         {
-            "rollout/aborted_ratio": 0.5,
-            "rollout/aborted_rows": 2.0,
-            "rollout/score/completed_mean": 0.75,  # (1 + 0.5) / 2
-            "rollout/score/aborted_as_zero_mean": 0.375,  # (1 + 0.5) / 4
+            "rollout/kept_groups": 1.0,
+            "rollout/aborted_groups": 2.0,
+            "rollout/failed_groups": 1.0,
+            "rollout/aborted_rows": 4.0,
+            "rollout/failed_rows": 1.0,
+            "rollout/aborted_ratio": 4 / 6,
+            "rollout/aborted_tokens": 10.0,
+            "rollout/abort_wait_s": 0.25,
         }
     )
-    assert "rollout/score/completed_mean" not in over_sample_metrics(torch.ones(2, dtype=torch.bool), torch.zeros(2))
-    failed = torch.tensor([False, True, False, False])
-    assert over_sample_metrics(aborted, scores, failed)["rollout/failed_rows"] == 1.0
+    assert set(metrics) == set(ABORT_METRICS)
+    scores = score_metrics(completed_mean=0.75, kept_rows=2, aborted_rows=4)
+    assert scores == pytest.approx(
+        {"rollout/score/completed_mean": 0.75, "rollout/score/aborted_as_zero_mean": (1 + 0.5) / 6}
+    )
+    assert score_metrics(None, kept_rows=0, aborted_rows=4) == {"rollout/score/aborted_as_zero_mean": 0.0}
 
 
 def test_extract_reward_hook_zeroes_aborted_rows_whoever_scored_them():

@@ -14,6 +14,7 @@ from treetune_verl.verl_guard import VERL
 
 VERL.require("agent-loop manager (verl 0.9.1's: verl/v0_9_1/entropy_manager.py)")
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -37,6 +38,7 @@ from treetune_verl.batch_keys import (
     OVER_SAMPLE_META_KEY,
     PENDING_METRICS_KEY,
     ROLLOUT_ABORTED_KEY,
+    ROLLOUT_ABORTED_TOKENS_KEY,
     ROLLOUT_ENTROPY_KEY,
     ROLLOUT_FAILED_KEY,
     ROLLOUT_RESUMED_TOKENS_KEY,
@@ -49,6 +51,7 @@ from treetune_verl.timing import OVER_SAMPLING, ROLLOUT_ENTROPY, SECONDS
 from treetune_verl.trainer.features import completion_target
 from treetune_verl.trainer.metrics import (
     ROWS_WITHOUT_ENTROPY_METRIC,
+    batch_abort_metrics,
     managed_session_metrics,
     rollout_entropy_metrics,
 )
@@ -138,10 +141,12 @@ class EntropyAgentLoopManager(AgentLoopManager):
         """
         validate = prompts.meta_info.get("validate", False)
         self._timing_on = not validate  # validation's seconds are not a training step's
-        step = None
+        step, reached = None, None
         if not validate and self._completion_counter is not None:
-            with SECONDS.timed(OVER_SAMPLING):
-                step = await self._begin_over_sample(prompts)
+            begun = time.perf_counter()
+            step = await self._begin_over_sample(prompts)
+            SECONDS.waited(OVER_SAMPLING, time.perf_counter() - begun)  # the step waits for the counter's answer
+            reached = asyncio.ensure_future(self._target_reached_at(step))
         eval_due = self.rollout_eval is not None and self.rollout_eval.due(prompts)
         if eval_due:
             self.rollout_eval.mark(prompts)
@@ -150,9 +155,24 @@ class EntropyAgentLoopManager(AgentLoopManager):
             output = await super().generate_sequences(prompts)
         finally:
             if step is not None:
-                with SECONDS.timed(OVER_SAMPLING):
-                    prompts.meta_info.pop(OVER_SAMPLE_META_KEY, None)
-                    await self._completion_counter.end.remote(step)
+                end = time.perf_counter()
+                prompts.meta_info.pop(OVER_SAMPLE_META_KEY, None)
+                await self._completion_counter.end.remote(step)  # wakes the wait below if the target was not reached
+                reached_at = await reached
+                SECONDS.waited(OVER_SAMPLING, time.perf_counter() - end)
+        abort_metrics = {}
+        aborted_tokens = output.batch.pop(ROLLOUT_ABORTED_TOKENS_KEY, None)  # the worker's, for the metrics only
+        if step is not None:
+            # target reached -> every worker's rows settled (aborted ones cut, forgotten): the step waiting on the
+            # abort, as verl 0.9.1's replay buffer measures it (over_sample_sampler.py)
+            abort_wait = max(0.0, end - reached_at) if reached_at is not None else 0.0
+            SECONDS.waited(OVER_SAMPLING, abort_wait)
+            with SECONDS.timed(OVER_SAMPLING):
+                uids = prompts.non_tensor_batch["uid"]  # the manager refused a batch without it (_begin_over_sample)
+                batch = output.batch
+                abort_metrics = batch_abort_metrics(
+                    uids, batch[ROLLOUT_ABORTED_KEY], batch[ROLLOUT_FAILED_KEY], aborted_tokens, abort_wait
+                )
         carry_metrics = {}
         if step is not None and self.carry_over is not None:
             with SECONDS.timed(OVER_SAMPLING):
@@ -160,13 +180,14 @@ class EntropyAgentLoopManager(AgentLoopManager):
         managed_rows = output.non_tensor_batch.pop(MANAGED_ROW_KEY, None)
         for seconds in output.non_tensor_batch.pop(TIMING_KEY, []):  # the workers' (timing.py)
             if seconds and not validate:
-                SECONDS.add(seconds)
+                SECONDS.add_cpu(seconds)
         if validate:
             keys = [ROLLOUT_ENTROPY_KEY, "response_mask", HAS_ROLLOUT_ENTROPY_KEY]
             self._validation_rollouts.append(output.select(batch_keys=keys, non_tensor_batch_keys=[]))
         else:
             pending = output.meta_info.setdefault(PENDING_METRICS_KEY, {})
             pending["rollout/wall_time_s"] = time.perf_counter() - start
+            pending.update(abort_metrics)
             pending.update(carry_metrics)
             if managed_rows is not None:
                 pending.update(managed_session_metrics(list(managed_rows)))
@@ -193,6 +214,12 @@ class EntropyAgentLoopManager(AgentLoopManager):
             trained_tokens=output.batch["response_mask"].sum(-1).numpy(),
             step=prompts.meta_info.get("global_steps", 0),
         )
+
+    async def _target_reached_at(self, step: str) -> float | None:
+        """When ``step``'s target was reached (``time.perf_counter`` of this process), or ``None`` if the step ended
+        first (failures left fewer whole groups than the target)."""
+        reached = await self._completion_counter.wait.remote(step)
+        return time.perf_counter() if reached else None
 
     async def _begin_over_sample(self, prompts: DataProto) -> str:
         """Start a step at the counter and put its plan into ``prompts.meta_info`` for the workers; its key.

@@ -38,7 +38,12 @@ from verl.protocol import DataProto
 
 from treetune_verl.agent_loop.over_sample import OverSampleStep, plan_of
 from treetune_verl.agent_loop.trajectory import CURRENT_TRAJECTORY, Trajectory
-from treetune_verl.batch_keys import RESPONSE_ENTROPY_KEY, ROLLOUT_ABORTED_KEY, ROLLOUT_FAILED_KEY
+from treetune_verl.batch_keys import (
+    RESPONSE_ENTROPY_KEY,
+    ROLLOUT_ABORTED_KEY,
+    ROLLOUT_ABORTED_TOKENS_KEY,
+    ROLLOUT_FAILED_KEY,
+)
 from treetune_verl.rollout.session import new_session_id
 from treetune_verl.timing import OVER_SAMPLING, SECONDS
 from treetune_verl.verl.v0_7_1.session_server_manager import SessionServerManager
@@ -87,9 +92,8 @@ class OverSamplingAgentLoopWorker(AgentLoopWorker):
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
-            if step.aborted_sessions:
-                with SECONDS.timed(OVER_SAMPLING):
-                    await self.server_manager.forget_sessions(step.aborted_sessions)
+            if step.aborted_sessions:  # on the step's path: inside the manager's rollout/abort_wait_s
+                await self.server_manager.forget_sessions(step.aborted_sessions)
 
     async def _run_agent_loop(self, sampling_params: dict[str, Any], trajectory: dict[str, Any], **kwargs: Any):
         step = _CURRENT_STEP.get()
@@ -148,14 +152,16 @@ class OverSamplingAgentLoopWorker(AgentLoopWorker):
         keep, failed = True, False
         if trajectory is not None and trajectory.step is not None:
             failed = trajectory.session in trajectory.step.failed_sessions
-            with SECONDS.timed(OVER_SAMPLING):
-                keep = await trajectory.step.settle(trajectory.session, trajectory.group, failed)
+            # awaited, not timed: a row waiting for its group's decision is not our work, and the step's wait for
+            # the decision is the manager's rollout/abort_wait_s (timing.py)
+            keep = await trajectory.step.settle(trajectory.session, trajectory.group, failed)
         if keep and output.response_ids:
             internal = await super()._agent_loop_postprocess(output, **kwargs)
         else:
             internal = await self._empty_response_postprocess(output, **kwargs)
         internal.extra_fields[ROLLOUT_ABORTED_KEY] = not keep
         internal.extra_fields[ROLLOUT_FAILED_KEY] = failed
+        internal.extra_fields[ROLLOUT_ABORTED_TOKENS_KEY] = 0 if keep else len(output.response_ids)
         return internal
 
     async def _empty_response_postprocess(self, output: AgentLoopOutput, **kwargs: Any) -> _InternalAgentLoopOutput:
@@ -187,7 +193,9 @@ class OverSamplingAgentLoopWorker(AgentLoopWorker):
     ) -> DataProto:
         aborted = [bool(item.extra_fields.pop(ROLLOUT_ABORTED_KEY, False)) for item in inputs]
         failed = [bool(item.extra_fields.pop(ROLLOUT_FAILED_KEY, False)) for item in inputs]
+        aborted_tokens = [int(item.extra_fields.pop(ROLLOUT_ABORTED_TOKENS_KEY, 0)) for item in inputs]
         data = super()._postprocess(inputs, input_non_tensor_batch=input_non_tensor_batch)
         data.batch[ROLLOUT_ABORTED_KEY] = torch.tensor(aborted, dtype=torch.bool)
         data.batch[ROLLOUT_FAILED_KEY] = torch.tensor(failed, dtype=torch.bool)
+        data.batch[ROLLOUT_ABORTED_TOKENS_KEY] = torch.tensor(aborted_tokens, dtype=torch.int64)
         return data

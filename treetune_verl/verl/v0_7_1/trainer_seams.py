@@ -26,11 +26,12 @@ seam                                            what runs after verl's own, in o
 ``ray_trainer.compute_advantage`` (``:1487``)   1. steering: entropy-shaped advantage, then the forking-token mask
                                                    (``ppo/entropy_advantage.py``: one threshold for the whole batch)
 ``ray_trainer.compute_data_metrics``            1. the metrics the seams above left in ``batch.meta_info``;
-(``:1578``)                                     2. over-sampling: ``rollout/aborted_ratio``, ``rollout/score/...``
+(``:1578``)                                     2. over-sampling: ``rollout/score/...`` (the counts: the manager's)
 ``RayPPOTrainer._val_metrics_update`` (end of   1. rollout entropy: ``val-aux/rollout_entropy/...`` of the
 ``_validate``, ``:625``)                           validation rollouts the manager kept
-``ray_trainer.compute_timing_metrics``          1. every feature's seconds in our code this step
-(``:1589``, after the step)                        (``timing_s/treetune/*``, ``treetune/share_of_step``,
+``ray_trainer.compute_timing_metrics``          1. every feature's cost this step: the step's wait on our
+(``:1589``, after the step)                        code and our CPU seconds (``timing_s/treetune/*``,
+                                                   ``cpu_s/treetune/*``, ``treetune/share_of_step``,
                                                    ``treetune_verl/timing.py``)
 ==============================================  =================================================================
 
@@ -59,7 +60,6 @@ from treetune_verl.batch_keys import (
     RESPONSE_SUPPORT_KEY,
     ROLLOUT_ABORTED_KEY,
     ROLLOUT_ENTROPY_KEY,
-    ROLLOUT_FAILED_KEY,
     ROLLOUT_RESUMED_TOKENS_KEY,
 )
 from treetune_verl.patching import Wrap
@@ -70,7 +70,7 @@ from treetune_verl.trainer.features import RunFeatures
 from treetune_verl.trainer.metrics import (
     actor_agreement_metrics,
     agreement_is_defined,
-    over_sample_metrics,
+    score_metrics,
     support_metrics,
 )
 from treetune_verl.verl_guard import VERL
@@ -188,12 +188,14 @@ def _wrap_compute_data_metrics(original):
         # 1. what the seams above (and the manager, for the rollout) left for this step
         with SECONDS.timed(TRAINER_HOOKS):
             metrics.update(batch.meta_info.pop(PENDING_METRICS_KEY, {}))
-        # 2. over-sampling
-        with SECONDS.timed(OVER_SAMPLING):
-            aborted = batch.batch.get(ROLLOUT_ABORTED_KEY, None)
-            if aborted is not None:
-                scores = batch.batch["token_level_scores"].sum(-1)
-                metrics.update(over_sample_metrics(aborted, scores, batch.batch.get(ROLLOUT_FAILED_KEY, None)))
+        # 2. over-sampling (failed rows aborted): the step's reward with and without its aborted rows (the counts are
+        #    the manager's, in the pending metrics above)
+        if _FEATURES.aborts_rows:
+            with SECONDS.timed(OVER_SAMPLING):
+                kept = ~batch.batch[ROLLOUT_ABORTED_KEY].bool()
+                scores = batch.batch["token_level_scores"].sum(-1)[kept]
+                completed = float(scores.double().mean()) if len(scores) else None
+                metrics.update(score_metrics(completed, len(scores), int((~kept).sum())))
         return metrics
 
     return compute_data_metrics

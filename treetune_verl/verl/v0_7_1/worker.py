@@ -17,7 +17,7 @@ order they run in, outermost first:
    trajectory's requests, settles it by its group or aborts it, empties an aborted row, marks ``rollout_aborted``;
 5. verl's ``AgentLoopWorker``.
 
-The seconds the features spent in this worker for a batch (``treetune_verl/timing.py``) leave with the batch, on
+The CPU seconds the features spent in this worker for a batch (``treetune_verl/timing.py``) leave with the batch, on
 its first row (``batch_keys.TIMING_KEY``), for the manager to add to the step's. Importing this module registers the
 entropy agent loops in verl's registry of the worker's process.
 """
@@ -59,6 +59,6 @@ class EntropyAgentLoopWorker(
         data = super()._postprocess(inputs, input_non_tensor_batch=input_non_tensor_batch)
         seconds: list[Any] = [None] * len(data)
         if seconds:
-            seconds[0] = SECONDS.take()  # this batch's (a worker runs one batch at a time)
+            seconds[0] = SECONDS.take().cpu  # this batch's CPU seconds (a worker runs one batch at a time)
         data.non_tensor_batch[TIMING_KEY] = np.array(seconds, dtype=object)
         return data

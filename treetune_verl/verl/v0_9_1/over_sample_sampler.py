@@ -25,11 +25,14 @@ smaller than ``train_batch_size``, which verl pads to its mini-batch multiple wi
 (``_balance_batch``; what that means per estimator and loss mode: ``ppo/advantage.py``). With failed rows aborted and
 ``r = 0`` the target is every group: the step waits for all of them, trains the whole ones and drops the failed ones
 (verl would train them without the rows that raised). Validation batches, and ``r = 0`` without it, are verl's
-``sample`` unchanged. Metrics (the step's, through verl's ``sample`` result):
-``rollout/kept_groups``, ``rollout/aborted_groups``, ``rollout/aborted_rows`` (rows that had started, finished rows
-of a dropped group included), ``rollout/aborted_ratio`` (of the step's rows), ``rollout/failed_groups`` (aborted ones with a row that
-raised), ``rollout/aborted_tokens`` (the tokens those rows had), ``rollout/abort_wait_s`` (from the target to the
-last aborted group settled, also counted in ``timing_s/treetune/over_sampling``).
+``sample`` unchanged. Metrics (the step's, through verl's ``sample`` result; the same keys as verl 0.7.1's manager,
+``trainer/metrics.py`` ``abort_metrics``): ``rollout/kept_groups``, ``rollout/aborted_groups``,
+``rollout/failed_groups`` (aborted ones with a row that raised), ``rollout/aborted_rows`` (every row of a dropped
+group: finished, cut, or raised), ``rollout/failed_rows`` (the rows that raised: a failed group is short of them in
+TransferQueue), ``rollout/aborted_ratio`` (of the step's rows), ``rollout/aborted_tokens`` (the tokens the aborted rows
+had), ``rollout/abort_wait_s`` (from the target to the last aborted group settled and forgotten: the step's wait on
+over-sampling, ``timing_s/treetune/over_sampling``, as verl 0.7.1's manager measures it; ``treetune_verl/timing.py``);
+the trainer's seams add the reward's two views (``rollout/score/*``).
 
 With carry-over (``rollout.custom.over_sample.carry_over=true``) step 2 aborts only the groups that cannot train at
 the next step: failed ones, and those whose first tokens would then be more than ``max_staleness`` steps old (a group
@@ -51,11 +54,13 @@ from collections import Counter
 from typing import Any
 
 import ray
+from omegaconf import OmegaConf
 
 from treetune_verl.batch_keys import TOKEN_GLOBAL_STEPS_KEY
 from treetune_verl.rollout.session import group_session_id
 from treetune_verl.timing import OVER_SAMPLING, SECONDS
 from treetune_verl.trainer.features import FAILED_ROWS_KEY, SAMPLER_NAME, RunFeatures, completion_target
+from treetune_verl.trainer.metrics import abort_metrics
 from treetune_verl.verl.v0_9_1.process_setup import policy_server_manager
 from treetune_verl.verl_guard import VERL_CURRENT
 
@@ -69,7 +74,6 @@ __all__ = ["OverSampleReplayBuffer", "POLL_S"]
 # metadata listing per poll, no row data).
 POLL_S = 0.1
 logger = logging.getLogger(__name__)
-METRIC_PREFIX = "rollout/"
 CARRY_PREFIX = "rollout/carry_over/"  # the pinned stack's names (agent_loop/carry_over.py)
 
 
@@ -101,6 +105,7 @@ class OverSampleReplayBuffer(ReplayBuffer):
         self.features: RunFeatures | None = None  # read from the servers' config at the first sample
         self.carried = 0  # groups left running by the last training step (carry-over), for the next dispatch
         self._target: int | None = None  # groups to keep, during an over-sampled step's sample
+        self.last_rows: tuple[int, int] | None = None  # the last training step's (kept, aborted) rows
 
     def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[Any, dict]:
         """verl's ``sample`` of ``target`` groups, the step's other groups aborted and removed (with carry-over: the
@@ -115,7 +120,9 @@ class OverSampleReplayBuffer(ReplayBuffer):
             self._target = None
         started = len(batch)  # the kept groups' rows
         reached = time.perf_counter()
-        with SECONDS.timed(OVER_SAMPLING):  # our seconds of the step (timing.py): waiting for the target is verl's
+        # From the target on, the step waits on us (timing.py: the block's wall is the step's wait, its thread CPU our
+        # work); waiting for the target is verl's.
+        with SECONDS.timed(OVER_SAMPLING):
             self._sync_metadata_from_transfer_queue()
             others = self._groups(partition_id)
             dropped, self.carried = others, 0
@@ -124,6 +131,8 @@ class OverSampleReplayBuffer(ReplayBuffer):
                 self.carried = len(others - dropped)
                 metrics.update(self._carry_metrics(global_steps, batch))
             failed, rows, tokens = self._abort_groups(partition_id, dropped)
+            # the rows that raised never reached TransferQueue: a failed group is short of them
+            failed_rows = len(failed) * self._rows_per_group() - sum(rows[group] for group in failed) if failed else 0
         if failed:
             logger.warning(
                 "step %d: %d group(s) dropped, a row of each raised in its agent loop (tracebacks in the agent-loop "
@@ -131,16 +140,19 @@ class OverSampleReplayBuffer(ReplayBuffer):
                 global_steps,
                 len(failed),
             )
+        aborted_rows = sum(rows.values()) + failed_rows
+        self.last_rows = (started, aborted_rows)  # for the reward's metrics, once the kept rows are scored
         metrics.update(
-            {
-                f"{METRIC_PREFIX}kept_groups": len({key.split("_")[0] for key in batch.keys}),
-                f"{METRIC_PREFIX}aborted_groups": len(dropped),
-                f"{METRIC_PREFIX}failed_groups": len(failed),
-                f"{METRIC_PREFIX}aborted_rows": rows,
-                f"{METRIC_PREFIX}aborted_ratio": rows / (started + rows),
-                f"{METRIC_PREFIX}abort_wait_s": time.perf_counter() - reached,
-                f"{METRIC_PREFIX}aborted_tokens": tokens,
-            }
+            abort_metrics(
+                kept_groups=len({key.split("_")[0] for key in batch.keys}),
+                aborted_groups=len(dropped),
+                failed_groups=len(failed),
+                kept_rows=started,
+                aborted_rows=aborted_rows,
+                failed_rows=failed_rows,
+                aborted_tokens=tokens,
+                abort_wait_s=time.perf_counter() - reached,
+            )
         )
         return batch, metrics
 
@@ -227,21 +239,44 @@ class OverSampleReplayBuffer(ReplayBuffer):
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
         return [step for fields in data.pop("extra_fields").tolist() for step in fields.get(TOKEN_GLOBAL_STEPS_KEY, [])]
 
-    def _abort_groups(self, partition_id: str, groups: set[str]) -> tuple[set[str], int, int]:
+    def _abort_groups(self, partition_id: str, groups: set[str]) -> tuple[set[str], Counter[str], int]:
         """Abort ``groups`` of ``partition_id``, wait until each is terminal, remove them; (the failed ones among
-        them, their rows, the tokens those rows had)."""
+        them, each group's rows in TransferQueue, the tokens those rows had)."""
         if not groups:
-            return set(), 0, 0
+            return set(), Counter(), 0
         sessions = [group_session_id(uid) for uid in groups]
+        stamps = [time.perf_counter()]  # where the abort's seconds go (issue 49): the RPC, the polls, clear, forget
         self._abort(sessions)
+        stamps.append(time.perf_counter())
+        polls = 0
         while self._open_groups(partition_id) & groups:
             time.sleep(self.poll_interval)
             self._sync_metadata_from_transfer_queue()
+            polls += 1
+        stamps.append(time.perf_counter())
         failed = groups & self.failure_keys[partition_id]
         rows = {key: tag for key, tag in self.partitions[partition_id].items() if key.split("_")[0] in groups}
         self._clear_groups(partition_id, groups)
+        stamps.append(time.perf_counter())
         self._forget(sessions)
-        return failed, len(rows), sum(tag.get("response_len", 0) for tag in rows.values())
+        stamps.append(time.perf_counter())
+        rpc, settle, clear, forget = (b - a for a, b in zip(stamps, stamps[1:], strict=False))
+        logger.info(
+            "abort latency: %d group(s): abort RPC %.3f s, settled after %d poll(s) %.3f s, clear %.3f s, forget %.3f s",
+            len(groups),
+            rpc,
+            polls,
+            settle,
+            clear,
+            forget,
+        )
+        per_group = Counter(key.split("_")[0] for key in rows)
+        return failed, per_group, sum(tag.get("response_len", 0) for tag in rows.values())
+
+    def _rows_per_group(self) -> int:
+        """A group's rows: ``rollout.n`` sessions of ``rows_per_session`` rows each (managed sessions)."""
+        n = OmegaConf.select(policy_server_manager().config, "actor_rollout_ref.rollout.n", default=1)
+        return int(n) * self._features().rows_per_session
 
     def _abort(self, sessions: list[str]) -> None:
         """Abort these sessions on every server of the policy (a group's turns may have gone to any of them)."""

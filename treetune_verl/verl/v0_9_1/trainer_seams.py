@@ -36,8 +36,9 @@ the advantages are in TransferQueue after it)      (``ppo/entropy_advantage.py``
                                                    ``probe/eval_gen_{s,token_share}``; after, its metrics
                                                    (``probe/*``, ``timing_s/probe``) named back from ``actor/...``
                                                    (the actor seam's, ``actor_seams.py``)
-``PPOTrainer._compute_metrics`` (``:1868``)     1. every feature's seconds in our code this step
-                                                   (``timing_s/treetune/*``, ``treetune/share_of_step``)
+``PPOTrainer._compute_metrics`` (``:1868``)     1. every feature's cost this step: the step's wait on our
+                                                   code and our CPU seconds (``timing_s/treetune/*``,
+                                                   ``cpu_s/treetune/*``, ``treetune/share_of_step``)
 ``PPOTrainerSync.on_init_end`` (``trainer_sync  1. carry-over: the servers' weight version (``set_global_steps``)
 .py:31``)
 ``PPOTrainerSync.on_sample_end`` (``:40``)       *before* verl's sleep, carry-over: pause the servers (verl's
@@ -85,6 +86,7 @@ from treetune_verl.trainer.metrics import (
     agreement_is_defined,
     managed_session_metrics,
     rollout_entropy_metrics,
+    score_metrics,
     support_metrics,
 )
 from treetune_verl.verl.v0_9_1.entropy_rows import rollout_entropy_rows
@@ -323,7 +325,14 @@ def _wrap_validate(original):
 def _wrap_compute_metrics(original):
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
         result = original(self, batch, metrics, timing_raw, global_steps, epoch)
-        # 1. every feature's seconds in our code since the last step's (timing.py)
+        # 1. over-sampling (failed rows aborted): the reward with and without the aborted rows, which never reached
+        #    verl's batch (the replay buffer counted them); verl's critic/score/mean is the kept rows' mean
+        rows = getattr(self.replay_buffer, "last_rows", None)
+        if _FEATURES.aborts_rows and rows is not None:
+            with SECONDS.timed(OVER_SAMPLING):
+                metrics.update(score_metrics(metrics.get("critic/score/mean"), *rows))
+            self.replay_buffer.last_rows = None
+        # 2. every feature's cost since the last step's (timing.py)
         metrics.update(step_metrics(SECONDS.take(), timing_raw.get("step")))
         return result
 

@@ -213,13 +213,16 @@ def test_timing_seam_logs_every_features_seconds_and_their_share_of_the_step(mon
     batch = _grpo_batch()
     batch.batch["attention_mask"] = torch.ones(4, 6, dtype=torch.long)
     batch.batch["responses"] = torch.zeros(4, 3, dtype=torch.long)
-    timing.SECONDS.add({"steering": 0.25, "over_sampling": 0.5})
-    timing.SECONDS.add({"steering": 0.25})
+    timing.SECONDS.waited("steering", 0.25)
+    timing.SECONDS.waited("over_sampling", 0.5)
+    timing.SECONDS.waited("steering", 0.25)
+    timing.SECONDS.add_cpu({"over_sampling": 0.125})  # a worker's
     metrics = wrapped(batch, {"step": 10.0, "gen": 4.0})
     assert metrics["timing_s/gen"] == 4.0  # verl's own
     assert metrics["timing_s/treetune/steering"] == 0.5 and metrics["timing_s/treetune/over_sampling"] == 0.5
     assert metrics["timing_s/treetune/rollout_entropy"] == 0.0 and metrics["timing_s/treetune/trainer_hooks"] == 0.0
     assert metrics["timing_s/treetune/total"] == 1.0 and metrics["treetune/share_of_step"] == pytest.approx(0.1)
+    assert metrics["cpu_s/treetune/over_sampling"] == 0.125 and metrics["cpu_s/treetune/total"] == 0.125
     assert wrapped(batch, {"step": 10.0})["timing_s/treetune/total"] == 0.0  # taken: the next step starts at zero
 
 
@@ -229,5 +232,6 @@ def test_the_seams_time_their_steps_under_their_feature(monkeypatch):
     hooks._wrap_compute_advantage(original_of(ray_trainer.compute_advantage))(_grpo_batch([True] * 4), "grpo")
     extract = hooks._wrap_extract_reward(lambda batch: (torch.ones(4, 3), {}))
     extract(_grpo_batch())
-    seconds = hooks.SECONDS.take()
-    assert set(seconds) == {"steering", "over_sampling"} and all(value > 0 for value in seconds.values())
+    cost = hooks.SECONDS.take()
+    for seconds in (cost.critical(), cost.cpu):
+        assert set(seconds) == {"steering", "over_sampling"} and all(value > 0 for value in seconds.values())

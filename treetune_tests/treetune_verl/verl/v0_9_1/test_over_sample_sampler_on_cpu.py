@@ -21,6 +21,8 @@ import importlib.metadata
 
 import pytest
 
+from treetune_verl.trainer.metrics import ABORT_METRICS  # noqa: E402
+
 pytestmark = pytest.mark.skipif(importlib.metadata.version("verl") != "0.9.1", reason="verl 0.9.1 (the current stack)")
 
 N = 2  # rows per group
@@ -83,6 +85,9 @@ def _buffer(monkeypatch, statuses: dict[str, str], partition: str = "train", **f
         def _forget(self, sessions):
             self.forgotten.extend(sessions)
 
+        def _rows_per_group(self):  # rollout.n (the servers' config)
+            return N
+
     buffer = Buffer(
         trainer_mode="sync",
         trainer_config={},
@@ -104,7 +109,11 @@ def test_a_failed_group_is_never_kept_and_is_removed_with_the_aborted_ones(monke
     assert sorted(buffer.aborted) == sorted(buffer.forgotten) == sorted(group_session_id(g) for g in "ad")
     assert sorted(store.tags) == sorted(batch.keys)  # a, d and their rows gone; b, c's prompts taken by verl
     assert metrics["rollout/aborted_groups"] == 2 and metrics["rollout/failed_groups"] == 1
-    assert metrics["rollout/aborted_rows"] == (N - 1) + N and metrics["rollout/aborted_ratio"] == 3 / 7
+    # every row of a dropped group, the one that raised (never in TransferQueue) included
+    assert metrics["rollout/aborted_rows"] == 2 * N and metrics["rollout/aborted_ratio"] == 4 / 8
+    assert metrics["rollout/failed_rows"] == 1 and metrics["rollout/kept_groups"] == 2
+    assert metrics["rollout/aborted_tokens"] == 4 * (2 * N - 1)
+    assert set(metrics) == set(ABORT_METRICS) and buffer.last_rows == (2 * N, 2 * N)
 
 
 def test_failures_that_leave_too_few_groups_stop_the_step_by_name(monkeypatch):
@@ -122,7 +131,8 @@ def test_failed_rows_aborted_without_over_sampling_train_the_whole_groups_and_dr
     assert sorted(batch.keys) == [f"{g}_{s}_0" for g in "bc" for s in range(N)]
     assert sorted(store.tags) == sorted(batch.keys)  # a and its row gone
     assert metrics["rollout/aborted_groups"] == metrics["rollout/failed_groups"] == 1
-    assert metrics["rollout/kept_groups"] == 2 and metrics["rollout/aborted_rows"] == N - 1
+    assert metrics["rollout/kept_groups"] == 2 and metrics["rollout/aborted_rows"] == N
+    assert metrics["rollout/failed_rows"] == 1
 
 
 def test_failed_rows_aborted_train_what_finishes_when_failures_leave_fewer_than_the_target(monkeypatch):
@@ -163,7 +173,56 @@ def test_carry_over_drops_only_the_stale_and_failed_groups_and_leaves_the_others
     assert buffer.carried == 1 and "e" in store.tags and store.tags["e"]["status"] == "running"
     assert not any(key.split("_")[0] in "bcd" for key in store.tags), sorted(store.tags)
     assert metrics["rollout/aborted_groups"] == 3 and metrics["rollout/failed_groups"] == 1
-    assert metrics["rollout/aborted_rows"] == (N - 1) + 2 * N and metrics["rollout/aborted_tokens"] == 4 * (3 * N - 1)
+    assert metrics["rollout/aborted_rows"] == 3 * N and metrics["rollout/aborted_tokens"] == 4 * (3 * N - 1)
     assert metrics["rollout/carry_over/groups_carried"] == 1
     assert metrics["rollout/carry_over/groups_resumed"] == 1  # a, dispatched at step 0
     assert metrics["rollout/carry_over/staleness/1"] == 3 * N == metrics["rollout/carry_over/tokens_trained"]
+
+
+def test_the_steps_over_sampling_cost_is_its_wait_after_the_target_and_its_own_cpu(monkeypatch):
+    """Issue 49's stand-in on verl 0.9.1: the aborted group comes back ``wait_s`` after the abort (a server cutting
+    its requests), and the servers' forget stands in for ``work_s`` of our CPU inside the step. The kept groups have
+    finished when ``sample`` starts, so the whole call is the step waiting on over-sampling: its wall (the test's
+    clock) is ``timing_s/treetune/over_sampling``, the abort-to-forgotten interval (the stand-in's clock) is
+    ``rollout/abort_wait_s``, and ``cpu_s`` is the work, not the 0.01 s polls' sleeps; each within 10 % (20 ms
+    floor)."""
+    import threading
+    import time
+
+    from treetune_verl import timing
+    from treetune_verl.rollout.session import group_session_id
+    from treetune_verl.verl.v0_9_1 import over_sample_sampler
+
+    wait_s, work_s = 0.6, 0.2
+    seconds = timing.FeatureSeconds()
+    monkeypatch.setattr(over_sample_sampler, "SECONDS", seconds)
+    buffer, store = _buffer(monkeypatch, {"a": "finished", "b": "finished", "c": "running", "d": "running"})
+    truth: dict[str, float] = {}
+
+    def abort(sessions):
+        truth["abort"] = time.perf_counter()
+        buffer.aborted.extend(sessions)
+        for uid in "cd":
+            assert group_session_id(uid) in sessions
+            threading.Timer(wait_s, store.set, (uid, "finished")).start()
+
+    def forget(sessions):
+        end = time.thread_time() + work_s
+        while time.thread_time() < end:
+            pass
+        truth["forgotten"] = time.perf_counter()
+
+    monkeypatch.setattr(buffer, "_abort", abort)
+    monkeypatch.setattr(buffer, "_forget", forget)
+    start = time.perf_counter()
+    _, metrics = buffer.sample(global_steps=1, partition_id="train", batch_size=4)  # target 2: a, b
+    wall = time.perf_counter() - start
+    metrics |= timing.step_metrics(seconds.take(), step_s=None)
+
+    def close(value: float, truth_s: float) -> bool:
+        return abs(value - truth_s) <= max(0.1 * truth_s, 0.02)
+
+    assert close(metrics["rollout/abort_wait_s"], truth["forgotten"] - truth["abort"])
+    assert metrics["rollout/abort_wait_s"] >= wait_s
+    assert close(metrics["timing_s/treetune/over_sampling"], wall)
+    assert close(metrics["cpu_s/treetune/over_sampling"], work_s)
