@@ -54,6 +54,7 @@ CURRENT_TESTS := \
 	treetune_tests/treetune_verl/rollout/test_session_on_cpu.py \
 	treetune_tests/treetune_verl/rollout/test_rollout_config_on_cpu.py \
 	treetune_tests/treetune_verl/rollout/test_entropy_row_on_cpu.py \
+	treetune_tests/treetune_verl/rollout/test_token_ledger_on_cpu.py \
 	treetune_tests/treetune_verl/verl/v0_9_1 \
 	treetune_tests/treetune_verl/trainer/test_custom_keys_on_cpu.py \
 	treetune_tests/treetune_verl/test_import_layout_on_cpu.py \

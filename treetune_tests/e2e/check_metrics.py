@@ -32,13 +32,14 @@ Variant checks (``E2E_VARIANT=full|resume`` of ``test_entropy_e2e.sh``):
   ``rollout/score/completed_mean`` equal to verl's ``critic/score/mean`` (both over completed rows). verl's own
   ``response/aborted_ratio`` (rows with an empty response) is R on verl 0.7.1, whose batch holds the aborted rows
   empty, and 0 on verl 0.9.1, whose replay buffer keeps them out of verl's batch.
-- ``--carry-over`` (over-sampling with carry-over, ``E2E_CARRY_OVER=1``): at every step the carry-over metrics
-  (``rollout/carry_over/...``: groups resumed and carried, tokens generated / trained / discarded, backlog) and verl's
-  rollout-correction metrics (``rollout_corr/...``) are logged, every step after the first resumes the groups the
-  previous one carried, and carried rows are trained in at least one step. On verl 0.9.1 (groups carried while
-  running, ``groups_resumed``, ``groups_carried``, ``tokens_trained``): the groups carried or dropped are the share
-  ``--aborted-ratio`` of each step's groups, a step resumes at most what the previous one carried, and tokens of
-  earlier weights are trained in at least one step.
+- ``--carry-over`` (over-sampling with carry-over, ``E2E_CARRY_OVER=1``): at every step the carry-over metrics, the
+  same keys on both stacks (``CARRY_OVER_KEYS``: groups resumed and carried, rows and tokens trained, tokens generated
+  / carried / discarded, the discarded share, backlog, stale restarts) and verl's rollout-correction metrics
+  (``rollout_corr/...``) are logged, every step after the first resumes the groups the previous one carried, and
+  carried rows are trained in at least one step. On verl 0.9.1 (groups carried while running; verl's own
+  ``response/aborted_ratio`` 0): the groups carried or dropped are the share ``--aborted-ratio`` of each step's
+  groups, a step resumes at most what the previous one carried, and tokens of earlier weights are trained in at
+  least one step.
 - ``--pg-token-quantile Q`` (forking tokens, ``E2E_PG_TOKEN_QUANTILE``): at every step ``pg_token_mask/kept_share``
   is in ``[Q, Q + 0.05]`` (ties at the threshold are kept), the threshold is logged, and the kept tokens' mean rollout
   entropy is above the dropped ones'.
@@ -296,19 +297,20 @@ def _check_over_sampling(errors: list[str], metrics: dict, aborted_ratio: float)
     verl's batch, the aborted share on verl 0.7.1, whose batch holds them as empty rows."""
     for key in OVER_SAMPLE_KEYS:
         _need(errors, metrics, key, lambda v: v >= 0, ">= 0 (over-sampling's metrics, the same on both stacks)")
+    not_kept = metrics.get(ABORTED_RATIO, -1)  # the share of rows not kept, which verl 0.7.1's batch holds empty
     if CARRY_OVER + "groups_carried" in metrics and ABORTED_GROUPS in metrics:  # carry-over: the groups not kept
         left = metrics[CARRY_OVER + "groups_carried"] + metrics[ABORTED_GROUPS]  # are carried or dropped
-        share = left / (left + metrics.get(KEPT_GROUPS, 0))
-        if abs(share - aborted_ratio) > 1e-9:
-            errors.append(f"step {metrics['step']}: {share} of the groups carried or dropped, not {aborted_ratio}")
+        not_kept = left / (left + metrics.get(KEPT_GROUPS, 0))
+        if abs(not_kept - aborted_ratio) > 1e-9:
+            errors.append(f"step {metrics['step']}: {not_kept} of the groups carried or dropped, not {aborted_ratio}")
     else:
         _need(errors, metrics, ABORTED_RATIO, lambda v: abs(v - aborted_ratio) < 1e-9, f"{aborted_ratio}")
     _need(
         errors,
         metrics,
         VERL_ABORTED_RATIO,
-        lambda v: v == 0 or abs(v - metrics.get(ABORTED_RATIO, -1)) < 1e-9,
-        f"0 (verl 0.9.1: no aborted row in verl's batch) or {ABORTED_RATIO} (verl 0.7.1: its empty rows)",
+        lambda v: v == 0 or abs(v - not_kept) < 1e-9,
+        f"0 (verl 0.9.1: no aborted row in verl's batch) or {not_kept} (verl 0.7.1: the rows not kept, empty)",
     )
     verl_score = metrics.get(VERL_SCORE)
     _need(errors, metrics, COMPLETED_SCORE, lambda v: abs(v - verl_score) < 1e-6, f"{VERL_SCORE} ({verl_score})")
@@ -328,21 +330,20 @@ CARRY_OVER_KEYS = tuple(
         "tokens_discarded",
         "discarded_share",
         "backlog",
+        "rows_restarted_stale",
+        "tokens_discarded_stale",
     )
 )
-
-
-V1_CARRY_OVER_KEYS = tuple(CARRY_OVER + key for key in ("groups_resumed", "groups_carried", "tokens_trained"))
 
 
 def _check_carry_over(errors: list[str], trained: list[dict]) -> None:
     # verl 0.9.1's replay buffer keeps a carried group once it finishes: a step resumes at most what the previous one
     # left running; verl 0.7.1's manager resumes every carried group at the next step
-    v1 = bool(trained) and ABORTED_GROUPS in trained[0]
-    keys = V1_CARRY_OVER_KEYS if v1 else CARRY_OVER_KEYS
+    # the same keys on both stacks (issue 49); verl 0.7.1's batch holds the aborted rows (verl's response/aborted_ratio)
+    v1 = bool(trained) and trained[0].get(VERL_ABORTED_RATIO) == 0
     previous = None
     for metrics in trained:
-        for key in keys:
+        for key in CARRY_OVER_KEYS:
             _need(errors, metrics, key, lambda v: v >= 0, ">= 0 (carry-over on)")
         if not any(key.startswith("rollout_corr/") for key in metrics):
             errors.append(f"step {metrics['step']}: no rollout_corr/ metric (algorithm.rollout_correction off?)")

@@ -310,14 +310,16 @@ def test_over_sampling_checks_the_same_keys_on_both_stacks():
 
 def test_the_checked_keys_are_the_packages_on_both_stacks():
     """The reference list written in check_metrics.py is what both stacks' code emits (``trainer/metrics.py``)."""
-    from treetune_verl.trainer.metrics import OVER_SAMPLE_METRICS
+    from treetune_verl.trainer.metrics import CARRY_OVER_METRICS, OVER_SAMPLE_METRICS
 
     assert sorted(OVER_SAMPLE_KEYS) == sorted(OVER_SAMPLE_METRICS)
+    assert sorted(CARRY_OVER_KEYS) == sorted(CARRY_OVER_METRICS)
 
 
 def _v1_carried(step: int, resumed: int, carried: int, dropped: int, tokens_trained: int) -> dict:
     logged = {
         **_over_sampled(**{"rollout/aborted_groups": dropped, "rollout/aborted_ratio": 0.0}),
+        **dict.fromkeys(CARRY_OVER_KEYS, 0.0),
         CARRY_OVER + "groups_resumed": resumed,
         CARRY_OVER + "groups_carried": carried,
         CARRY_OVER + "tokens_trained": tokens_trained,

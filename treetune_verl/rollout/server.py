@@ -33,6 +33,7 @@ from verl.workers.rollout.replica import get_rollout_replica_class
 from treetune_verl.patching import Replace, is_replaced
 from treetune_verl.rollout.rollout_config import check_rollout_config, support_replay
 from treetune_verl.rollout.session import session_of
+from treetune_verl.rollout.token_ledger import TokenLedger
 from treetune_verl.rollout.token_output import ABORTED_STOP_REASON, EntropyTokenOutput, empty_token_output
 from treetune_verl.sglang.engine import install
 from treetune_verl.sglang.support import TOKEN_SUPPORT_FIELDS
@@ -134,6 +135,7 @@ class EntropySGLangHttpServer(SGLangHttpServer):
         super().__init__(*args, **kwargs)
         # session -> time.monotonic() of its abort; emptied by forget_sessions at the end of each step
         self._aborted_sessions: dict[str, float] = {}
+        self._token_ledger: TokenLedger | None = None  # carry-over on verl 0.9.1 only (enable_token_ledger)
         self._replay_support = True  # custom.entropy.replay, read with the other settings by launch_server
 
     async def launch_server(self, master_address: str | None = None, master_port: int | None = None) -> None:
@@ -194,12 +196,14 @@ class EntropySGLangHttpServer(SGLangHttpServer):
         except _NoOutputTokens as empty:
             stop_reason = (empty.meta_info["finish_reason"] or {}).get("type")
             self._log_cut(request_id, stop_reason, 0)
+            self._count_tokens(request_id, 0)
             return self._no_token_output(
                 return_logprob, stop_reason, session_aborted=self._session_aborted(request_id, stop_reason)
             )
         finally:
             meta_info = tap.collect(request_id)
         self._log_cut(request_id, output.stop_reason, len(output.token_ids))
+        self._count_tokens(request_id, len(output.token_ids))
         entropy = support = None
         fields = dict(output)
         if return_logprob:
@@ -224,6 +228,28 @@ class EntropySGLangHttpServer(SGLangHttpServer):
                     support = None
         session_aborted = self._session_aborted(request_id, output.stop_reason)
         return EntropyTokenOutput(**fields, entropy=entropy, support=support, session_aborted=session_aborted)
+
+    def _count_tokens(self, request_id: str, tokens: int) -> None:
+        session = session_of(request_id)
+        if self._token_ledger is not None and session is not None:
+            self._token_ledger.add(session, tokens)
+
+    async def enable_token_ledger(self) -> None:
+        """Count the tokens of every training session from now on (``rollout/token_ledger.py``; idempotent)."""
+        if self._token_ledger is None:
+            self._token_ledger = TokenLedger()
+
+    async def generated_tokens(self) -> int:
+        """Training sessions' tokens generated since the last call (0 without the ledger)."""
+        return self._token_ledger.take_generated() if self._token_ledger is not None else 0
+
+    async def session_tokens(self, sessions: list[str], forget: bool = False) -> int:
+        """Every token generated so far for these sessions (0 without the ledger); ``forget``: drop them."""
+        return self._token_ledger.session_tokens(sessions, forget) if self._token_ledger is not None else 0
+
+    async def ledger_sessions(self) -> int:
+        """How many sessions the ledger still remembers (0 without it)."""
+        return self._token_ledger.sessions() if self._token_ledger is not None else 0
 
     def _log_cut(self, request_id: str, stop_reason: str | None, tokens: int) -> None:
         """A request of an aborted session, returned: how long after the abort, how many tokens, cut or not (the

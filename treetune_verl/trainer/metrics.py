@@ -104,9 +104,29 @@ ABORT_METRICS = tuple(
         "abort_wait_s",
     )
 )
+ABORTED_ROWS_METRIC = f"{OVER_SAMPLE_PREFIX}/aborted_rows"
 COMPLETED_SCORE_METRIC = f"{OVER_SAMPLE_PREFIX}/score/completed_mean"
 ABORTED_AS_ZERO_METRIC = f"{OVER_SAMPLE_PREFIX}/score/aborted_as_zero_mean"
 OVER_SAMPLE_METRICS = (*ABORT_METRICS, COMPLETED_SCORE_METRIC, ABORTED_AS_ZERO_METRIC)
+# Carry-over's, besides ``staleness/<k>`` (kept tokens sampled k updates ago): verl 0.7.1's
+# ``agent_loop/carry_over.py`` and verl 0.9.1's replay buffer (with the servers' token ledger) log these keys.
+CARRY_OVER_PREFIX = f"{OVER_SAMPLE_PREFIX}/carry_over/"
+CARRY_OVER_METRICS = tuple(
+    CARRY_OVER_PREFIX + name
+    for name in (
+        "groups_resumed",
+        "groups_carried",
+        "rows_trained",
+        "tokens_trained",
+        "tokens_generated",
+        "tokens_carried",
+        "tokens_discarded",
+        "discarded_share",
+        "backlog",
+        "rows_restarted_stale",
+        "tokens_discarded_stale",
+    )
+)
 
 
 def abort_metrics(

@@ -14,6 +14,7 @@ from verl.protocol import DataProto
 
 from treetune_verl.agent_loop.carry_over import CarriedRow, CarryOver, carried_row
 from treetune_verl.trainer.features import check_current_stack, check_features
+from treetune_verl.trainer.metrics import CARRY_OVER_METRICS
 
 PREFIX = "rollout/carry_over/"
 
@@ -107,6 +108,8 @@ def test_a_group_with_a_failed_row_is_dropped_not_carried():
     metrics = carry.keep_aborted(uids, carry.resume_column(uids), records, cut, failed, np.array([3, 3, 0, 0]), 1)
     assert carry.carried("B") is None and carry.carried_groups == 0
     assert metrics[PREFIX + "tokens_discarded"] == 6 and metrics[PREFIX + "discarded_share"] == 6 / 12
+    # the keys verl 0.9.1's replay buffer logs too (verl/v0_9_1/test_over_sample_sampler_on_cpu.py)
+    assert sorted(key for key in metrics if "/staleness/" not in key) == sorted(CARRY_OVER_METRICS)
 
 
 def test_carried_row_keeps_each_tokens_step_and_knows_a_cut_row():

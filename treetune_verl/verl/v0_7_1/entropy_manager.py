@@ -21,6 +21,7 @@ import time
 from typing import Any
 from uuid import uuid4
 
+import numpy as np
 import ray
 import torch
 from omegaconf import DictConfig
@@ -160,23 +161,31 @@ class EntropyAgentLoopManager(AgentLoopManager):
                 await self._completion_counter.end.remote(step)  # wakes the wait below if the target was not reached
                 reached_at = await reached
                 SECONDS.waited(OVER_SAMPLING, time.perf_counter() - end)
-        abort_metrics = {}
+        abort_metrics, carry_metrics = {}, {}
         aborted_tokens = output.batch.pop(ROLLOUT_ABORTED_TOKENS_KEY, None)  # the worker's, for the metrics only
         if step is not None:
+            uids = prompts.non_tensor_batch["uid"]  # the manager refused a batch without it (_begin_over_sample)
+            carried = np.zeros(len(uids), dtype=bool)
+            if self.carry_over is not None:
+                with SECONDS.timed(OVER_SAMPLING):
+                    carry_metrics = self._keep_aborted(prompts, output)
+                    carried = np.array([self.carry_over.carried(str(uid)) is not None for uid in uids])
             # target reached -> every worker's rows settled (aborted ones cut, forgotten): the step waiting on the
             # abort, as verl 0.9.1's replay buffer measures it (over_sample_sampler.py)
             abort_wait = max(0.0, end - reached_at) if reached_at is not None else 0.0
             SECONDS.waited(OVER_SAMPLING, abort_wait)
             with SECONDS.timed(OVER_SAMPLING):
-                uids = prompts.non_tensor_batch["uid"]  # the manager refused a batch without it (_begin_over_sample)
+                # aborted = dropped, as on verl 0.9.1: a carried group's rows are the carry-over metrics' (their empty
+                # rows in this batch are verl's response/aborted_ratio)
+                rows = torch.from_numpy(~carried)
                 batch = output.batch
                 abort_metrics = batch_abort_metrics(
-                    uids, batch[ROLLOUT_ABORTED_KEY], batch[ROLLOUT_FAILED_KEY], aborted_tokens, abort_wait
+                    uids[~carried],
+                    batch[ROLLOUT_ABORTED_KEY][rows],
+                    batch[ROLLOUT_FAILED_KEY][rows],
+                    aborted_tokens[rows],
+                    abort_wait,
                 )
-        carry_metrics = {}
-        if step is not None and self.carry_over is not None:
-            with SECONDS.timed(OVER_SAMPLING):
-                carry_metrics = self._keep_aborted(prompts, output)
         managed_rows = output.non_tensor_batch.pop(MANAGED_ROW_KEY, None)
         for seconds in output.non_tensor_batch.pop(TIMING_KEY, []):  # the workers' (timing.py)
             if seconds and not validate:

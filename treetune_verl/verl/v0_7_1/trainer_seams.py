@@ -68,6 +68,7 @@ from treetune_verl.rollout.rollout_config import entropy_config
 from treetune_verl.timing import OVER_SAMPLING, SECONDS, STEERING, TRAINER_HOOKS, step_metrics
 from treetune_verl.trainer.features import RunFeatures
 from treetune_verl.trainer.metrics import (
+    ABORTED_ROWS_METRIC,
     actor_agreement_metrics,
     agreement_is_defined,
     score_metrics,
@@ -188,14 +189,15 @@ def _wrap_compute_data_metrics(original):
         # 1. what the seams above (and the manager, for the rollout) left for this step
         with SECONDS.timed(TRAINER_HOOKS):
             metrics.update(batch.meta_info.pop(PENDING_METRICS_KEY, {}))
-        # 2. over-sampling (failed rows aborted): the step's reward with and without its aborted rows (the counts are
-        #    the manager's, in the pending metrics above)
+        # 2. over-sampling (failed rows aborted): the step's reward with and without its aborted rows (the dropped
+        #    ones: the manager's count, in the pending metrics above; a carried group's rows are not aborted)
         if _FEATURES.aborts_rows:
             with SECONDS.timed(OVER_SAMPLING):
                 kept = ~batch.batch[ROLLOUT_ABORTED_KEY].bool()
                 scores = batch.batch["token_level_scores"].sum(-1)[kept]
                 completed = float(scores.double().mean()) if len(scores) else None
-                metrics.update(score_metrics(completed, len(scores), int((~kept).sum())))
+                aborted = int(metrics.get(ABORTED_ROWS_METRIC, (~kept).sum()))
+                metrics.update(score_metrics(completed, len(scores), aborted))
         return metrics
 
     return compute_data_metrics

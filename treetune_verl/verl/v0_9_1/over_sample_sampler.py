@@ -106,6 +106,9 @@ class OverSampleReplayBuffer(ReplayBuffer):
         self.carried = 0  # groups left running by the last training step (carry-over), for the next dispatch
         self._target: int | None = None  # groups to keep, during an over-sampled step's sample
         self.last_rows: tuple[int, int] | None = None  # the last training step's (kept, aborted) rows
+        # carry-over: the step's groups left running, and its metrics until the trainer logs them (after the pause)
+        self._carried_sessions: list[str] = []
+        self.carry_metrics: dict[str, float] = {}
 
     def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[Any, dict]:
         """verl's ``sample`` of ``target`` groups, the step's other groups aborted and removed (with carry-over: the
@@ -127,10 +130,13 @@ class OverSampleReplayBuffer(ReplayBuffer):
             others = self._groups(partition_id)
             dropped, self.carried = others, 0
             if features.carry_over:
-                dropped = self._stale_groups(global_steps, partition_id, others) | self.failure_keys[partition_id]
+                stale = self._stale_groups(global_steps, partition_id, others)
+                dropped = stale | self.failure_keys[partition_id]
                 self.carried = len(others - dropped)
                 metrics.update(self._carry_metrics(global_steps, batch))
             failed, rows, tokens = self._abort_groups(partition_id, dropped)
+            if features.carry_over:
+                self._ledger_at_sample(batch, dropped, stale - failed, others - dropped)
             # the rows that raised never reached TransferQueue: a failed group is short of them
             failed_rows = len(failed) * self._rows_per_group() - sum(rows[group] for group in failed) if failed else 0
         if failed:
@@ -180,18 +186,18 @@ class OverSampleReplayBuffer(ReplayBuffer):
 
     def _carry_metrics(self, global_steps: int, batch: Any) -> dict[str, float]:
         """The kept rows' tokens by staleness (training step - 1 - the weight version that sampled them), the kept
-        groups dispatched at an earlier step, and the groups left running for the next step.
+        rows and groups that resumed from an earlier step, and the groups left running for the next step.
 
         Raises:
             RuntimeError: a kept row's token has no weight version (the servers' ``global_steps`` was never set).
         """
-        steps = self._token_steps(batch)
-        if None in steps:
+        row_steps = self._token_steps(batch)
+        if any(None in steps for steps in row_steps):
             raise RuntimeError(
                 "carry-over: a kept row has tokens of unknown weight version (the trainer's seams set the servers' "
                 "global_steps, verl/v0_9_1/trainer_seams.py)"
             )
-        staleness = Counter(global_steps - 1 - step for step in steps)
+        staleness = Counter(global_steps - 1 - step for steps in row_steps for step in steps)
         resumed = {
             key.split("_")[0]
             for key, tag in zip(batch.keys, batch.tags, strict=True)
@@ -199,9 +205,63 @@ class OverSampleReplayBuffer(ReplayBuffer):
         }
         metrics = {f"{CARRY_PREFIX}staleness/{age}": count for age, count in sorted(staleness.items())}
         metrics[f"{CARRY_PREFIX}groups_resumed"] = len(resumed)
+        metrics[f"{CARRY_PREFIX}rows_trained"] = sum(
+            any(step < global_steps - 1 for step in steps) for steps in row_steps
+        )
         metrics[f"{CARRY_PREFIX}tokens_trained"] = sum(count for age, count in staleness.items() if age > 0)
         metrics[f"{CARRY_PREFIX}groups_carried"] = self.carried
         return metrics
+
+    def _ledger_at_sample(self, batch: Any, dropped: set[str], stale: set[str], carried: set[str]) -> None:
+        """The servers' token ledger when ``sample`` returns: the kept and dropped groups are resolved (their sessions
+        forgotten there; the dropped ones' tokens are discarded, the stale ones among them counted apart), the
+        carried ones are read after the trainer's pause (:meth:`finish_carry_metrics`)."""
+        kept = {key.split("_")[0] for key in batch.keys}
+        self._session_tokens([group_session_id(uid) for uid in kept], forget=True)
+        discarded_stale = self._session_tokens([group_session_id(uid) for uid in stale], forget=True)
+        discarded = discarded_stale + self._session_tokens(
+            [group_session_id(uid) for uid in dropped - stale], forget=True
+        )
+        self._carried_sessions = [group_session_id(uid) for uid in sorted(carried)]
+        self.carry_metrics = {
+            f"{CARRY_PREFIX}tokens_discarded": discarded,
+            f"{CARRY_PREFIX}tokens_discarded_stale": discarded_stale,
+            f"{CARRY_PREFIX}rows_restarted_stale": 0,  # a stale group is dropped whole here, never restarted
+            f"{CARRY_PREFIX}backlog": 0,  # the trainer dispatches train_batch_size - carried fresh prompts: none waits
+        }
+
+    def finish_carry_metrics(self) -> None:
+        """After the trainer paused the servers (the carried turns' partial tokens are back): the tokens the step
+        generated and those it carries, and the share of the generated ones discarded."""
+        generated = self._generated_tokens()
+        carried = self._session_tokens(self._carried_sessions)
+        discarded = self.carry_metrics.get(f"{CARRY_PREFIX}tokens_discarded", 0)
+        self.carry_metrics.update(
+            {
+                f"{CARRY_PREFIX}tokens_generated": generated,
+                f"{CARRY_PREFIX}tokens_carried": carried,
+                f"{CARRY_PREFIX}discarded_share": discarded / generated if generated else 0.0,
+            }
+        )
+
+    def take_carry_metrics(self) -> dict[str, float]:
+        """The step's carry-over metrics from the ledger (``{}`` if none), for the trainer's ``_compute_metrics``."""
+        metrics, self.carry_metrics = self.carry_metrics, {}
+        return {key: float(value) for key, value in metrics.items()}
+
+    def _generated_tokens(self) -> int:
+        """The tokens of training sessions the policy's servers generated since the last call."""
+        return sum(ray.get([server.generated_tokens.remote() for server in self._server_handles()]))
+
+    def _session_tokens(self, sessions: list[str], forget: bool = False) -> int:
+        """Every token the policy's servers generated for these sessions (``rollout/token_ledger.py``)."""
+        if not sessions:
+            return 0
+        handles = self._server_handles()
+        return sum(ray.get([server.session_tokens.remote(sessions, forget) for server in handles]))
+
+    def _server_handles(self) -> list[Any]:
+        return policy_server_manager().server_handles
 
     def _sampleable_terminal_keys(self, partition_id: str, eviction_reasons: Any) -> set[str]:
         """verl's sampleable groups, less the failed ones while over-sampling (a failed group is not whole).
@@ -232,12 +292,12 @@ class OverSampleReplayBuffer(ReplayBuffer):
             raise _TargetOutOfReach(reachable)
         return sampleable
 
-    def _token_steps(self, batch: Any) -> list[int | None]:
-        """Every kept token's weight version, read from the rows' ``extra_fields`` in TransferQueue."""
+    def _token_steps(self, batch: Any) -> list[list[int | None]]:
+        """Each kept row's tokens' weight versions, read from the rows' ``extra_fields`` in TransferQueue."""
         import transfer_queue as tq
 
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
-        return [step for fields in data.pop("extra_fields").tolist() for step in fields.get(TOKEN_GLOBAL_STEPS_KEY, [])]
+        return [list(fields.get(TOKEN_GLOBAL_STEPS_KEY, [])) for fields in data.pop("extra_fields").tolist()]
 
     def _abort_groups(self, partition_id: str, groups: set[str]) -> tuple[set[str], Counter[str], int]:
         """Abort ``groups`` of ``partition_id``, wait until each is terminal, remove them; (the failed ones among
@@ -280,10 +340,10 @@ class OverSampleReplayBuffer(ReplayBuffer):
 
     def _abort(self, sessions: list[str]) -> None:
         """Abort these sessions on every server of the policy (a group's turns may have gone to any of them)."""
-        ray.get([server.abort_sessions.remote(sessions) for server in policy_server_manager().server_handles])
+        ray.get([server.abort_sessions.remote(sessions) for server in self._server_handles()])
 
     def _forget(self, sessions: list[str]) -> None:
-        ray.get([server.forget_sessions.remote(sessions) for server in policy_server_manager().server_handles])
+        ray.get([server.forget_sessions.remote(sessions) for server in self._server_handles()])
 
     def _groups(self, partition_id: str) -> set[str]:
         terminal = self.finished_keys[partition_id] | self.failure_keys[partition_id]

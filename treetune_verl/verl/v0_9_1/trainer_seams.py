@@ -36,13 +36,16 @@ the advantages are in TransferQueue after it)      (``ppo/entropy_advantage.py``
                                                    ``probe/eval_gen_{s,token_share}``; after, its metrics
                                                    (``probe/*``, ``timing_s/probe``) named back from ``actor/...``
                                                    (the actor seam's, ``actor_seams.py``)
-``PPOTrainer._compute_metrics`` (``:1868``)     1. every feature's cost this step: the step's wait on our
+``PPOTrainer._compute_metrics`` (``:1868``)     1. over-sampling: the reward's two views (``rollout/score/*``);
+                                                   with carry-over the ledger's token counts
+                                                2. every feature's cost this step: the step's wait on our
                                                    code and our CPU seconds (``timing_s/treetune/*``,
                                                    ``cpu_s/treetune/*``, ``treetune/share_of_step``)
 ``PPOTrainerSync.on_init_end`` (``trainer_sync  1. carry-over: the servers' weight version (``set_global_steps``)
-.py:31``)
+.py:31``)                                          and their token ledger (``rollout/token_ledger.py``)
 ``PPOTrainerSync.on_sample_end`` (``:40``)       *before* verl's sleep, carry-over: pause the servers (verl's
-                                                   ``abort_replicas``, as its ``colocate_async`` trainer does)
+                                                   ``abort_replicas``, as its ``colocate_async`` trainer does),
+                                                   then read the ledger (tokens generated and carried)
 ``PPOTrainerSync.on_step_end`` (``:35``; the     1. carry-over: the new weight version, then
 weights are updated after it)                      ``resume_generation_replicas``: the carried turns go on
 ``PPOTrainer._submit_batch_to_rollout``         instead of verl's sync branch, with carry-over: verl's async
@@ -331,6 +334,8 @@ def _wrap_compute_metrics(original):
         if _FEATURES.aborts_rows and rows is not None:
             with SECONDS.timed(OVER_SAMPLING):
                 metrics.update(score_metrics(metrics.get("critic/score/mean"), *rows))
+                if _FEATURES.carry_over:  # the tokens generated, carried and discarded (the servers' ledger)
+                    metrics.update(self.replay_buffer.take_carry_metrics())
             self.replay_buffer.last_rows = None
         # 2. every feature's cost since the last step's (timing.py)
         metrics.update(step_metrics(SECONDS.take(), timing_raw.get("step")))
@@ -394,12 +399,21 @@ def _set_weight_version(trainer: Any) -> None:
     ray.get([server.set_global_steps.remote(trainer.global_steps) for server in handles])
 
 
+def _enable_token_ledger(trainer: Any) -> None:
+    """The policy's servers count the tokens of training sessions from now on (``rollout/token_ledger.py``)."""
+    import ray
+
+    ray.get([server.enable_token_ledger.remote() for server in trainer.llm_server_manager.server_handles])
+
+
 def _wrap_on_init_end(original):
     def on_init_end(self):
         original(self)
-        # 1. carry-over: the weight version the first step's tokens are sampled with
+        # 1. carry-over: the weight version the first step's tokens are sampled with; the servers count the tokens
+        #    of training sessions (rollout/token_ledger.py: what a step generates and carries)
         if _FEATURES.carry_over:
             _set_weight_version(self)
+            _enable_token_ledger(self)
 
     return on_init_end
 
@@ -412,6 +426,8 @@ def _wrap_on_sample_end(original):
         if _FEATURES.carry_over:
             with SECONDS.timed(OVER_SAMPLING):
                 self.checkpoint_manager.abort_replicas()
+                # 2. carry-over's token counts, now that the carried turns' partial tokens are back
+                self.replay_buffer.finish_carry_metrics()
         return original(self)
 
     return on_sample_end

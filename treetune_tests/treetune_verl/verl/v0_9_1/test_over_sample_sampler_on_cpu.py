@@ -21,7 +21,7 @@ import importlib.metadata
 
 import pytest
 
-from treetune_verl.trainer.metrics import ABORT_METRICS  # noqa: E402
+from treetune_verl.trainer.metrics import ABORT_METRICS, CARRY_OVER_METRICS  # noqa: E402
 
 pytestmark = pytest.mark.skipif(importlib.metadata.version("verl") != "0.9.1", reason="verl 0.9.1 (the current stack)")
 
@@ -59,11 +59,13 @@ def _buffer(monkeypatch, statuses: dict[str, str], partition: str = "train", **f
     from verl.trainer.ppo.v1 import replay_buffer
 
     from treetune_verl.rollout.session import group_session_id
+    from treetune_verl.rollout.token_ledger import TokenLedger
     from treetune_verl.trainer.features import RunFeatures
     from treetune_verl.verl.v0_9_1.over_sample_sampler import OverSampleReplayBuffer
 
     store = _TransferQueueTags(statuses, partition)
     monkeypatch.setattr(replay_buffer, "tq", store)
+    ledger = TokenLedger()
 
     class Buffer(OverSampleReplayBuffer):
         aborted: list[str] = []
@@ -73,7 +75,13 @@ def _buffer(monkeypatch, statuses: dict[str, str], partition: str = "train", **f
             return RunFeatures(**{"over_sample_rate": 0.5, **features})
 
         def _token_steps(self, batch):  # the kept rows' weight versions (extra_fields): 3 tokens per row, of step 0
-            return [0] * 3 * len(batch)
+            return [[0] * 3 for _ in range(len(batch))]
+
+        def _generated_tokens(self):  # the servers' ledger (rollout/token_ledger.py)
+            return ledger.take_generated()
+
+        def _session_tokens(self, sessions, forget=False):
+            return ledger.session_tokens(sessions, forget)
 
         def _abort(self, sessions):  # what the server's abort does: the groups' rows come back, their prompts end
             self.aborted.extend(sessions)
@@ -96,6 +104,7 @@ def _buffer(monkeypatch, statuses: dict[str, str], partition: str = "train", **f
         sampler_kwargs={},
         poll_interval=0.01,
     )
+    buffer.ledger = ledger
     return buffer, store
 
 
@@ -167,6 +176,9 @@ def test_carry_over_drops_only_the_stale_and_failed_groups_and_leaves_the_others
     statuses = {"a": "finished", "b": "failure", "c": "running", "d": "running", "e": "running"}
     buffer, store = _buffer(monkeypatch, statuses, carry_over=True, max_staleness=1)
     store.tags["e"]["global_steps"] = 2
+    so_far = {"a": 10, "b": 7, "c": 5, "d": 6, "e": 4}  # each group's tokens at the servers when sample starts
+    for group, tokens in so_far.items():
+        buffer.ledger.add(group_session_id(group), tokens)
     batch, metrics = buffer.sample(global_steps=2, partition_id="train", batch_size=2)  # target 1
     assert sorted(batch.keys) == [f"a_{s}_0" for s in range(N)]
     assert sorted(buffer.aborted) == sorted(group_session_id(g) for g in "bcd")  # stale c, d and failed b
@@ -177,6 +189,25 @@ def test_carry_over_drops_only_the_stale_and_failed_groups_and_leaves_the_others
     assert metrics["rollout/carry_over/groups_carried"] == 1
     assert metrics["rollout/carry_over/groups_resumed"] == 1  # a, dispatched at step 0
     assert metrics["rollout/carry_over/staleness/1"] == 3 * N == metrics["rollout/carry_over/tokens_trained"]
+    assert metrics["rollout/carry_over/rows_trained"] == N  # a's rows: tokens of step 0, trained at step 2
+    # the servers' ledger: the kept and dropped groups resolved at sample, e read after the trainer's pause, when its
+    # running turn's 3 partial tokens are back
+    assert buffer.ledger.sessions() == 1
+    buffer.ledger.add(group_session_id("e"), 3)
+    buffer.finish_carry_metrics()
+    carry = buffer.take_carry_metrics()
+    assert carry == {
+        "rollout/carry_over/tokens_discarded": 7 + 5 + 6,  # failed b, stale c and d
+        "rollout/carry_over/tokens_discarded_stale": 5 + 6,
+        "rollout/carry_over/rows_restarted_stale": 0.0,
+        "rollout/carry_over/backlog": 0.0,
+        "rollout/carry_over/tokens_generated": sum(so_far.values()) + 3,
+        "rollout/carry_over/tokens_carried": 4 + 3,
+        "rollout/carry_over/discarded_share": 18 / 35,
+    }
+    assert buffer.take_carry_metrics() == {}
+    logged = {key for key in (*metrics, *carry) if key.startswith("rollout/carry_over/") and "/staleness/" not in key}
+    assert sorted(logged) == sorted(CARRY_OVER_METRICS)  # the keys verl 0.7.1 logs (test_carry_over_on_cpu.py)
 
 
 def test_the_steps_over_sampling_cost_is_its_wait_after_the_target_and_its_own_cpu(monkeypatch):
