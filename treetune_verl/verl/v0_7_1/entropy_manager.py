@@ -164,6 +164,11 @@ class EntropyAgentLoopManager(AgentLoopManager):
         abort_metrics, carry_metrics = {}, {}
         aborted_tokens = output.batch.pop(ROLLOUT_ABORTED_TOKENS_KEY, None)  # the worker's, for the metrics only
         if step is not None:
+            if aborted_tokens is None:
+                raise RuntimeError(
+                    f"over-sampling: the agent-loop workers sent no {ROLLOUT_ABORTED_TOKENS_KEY} column (a worker class "
+                    "that is not EntropyAgentLoopWorker or a subclass of it?)"
+                )
             uids = prompts.non_tensor_batch["uid"]  # the manager refused a batch without it (_begin_over_sample)
             carried = np.zeros(len(uids), dtype=bool)
             if self.carry_over is not None:
