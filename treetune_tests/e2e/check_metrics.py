@@ -40,6 +40,8 @@ Variant checks (``E2E_VARIANT=full|resume`` of ``test_entropy_e2e.sh``):
   ``response/aborted_ratio`` 0): the groups carried or dropped are the share ``--aborted-ratio`` of each step's
   groups, a step resumes at most what the previous one carried, and tokens of earlier weights are trained in at
   least one step.
+- ``--shaping`` (entropy advantage shaping, ``E2E_SHAPING_ALPHA``): at every step its mean bonus (>= 0) and the share
+  of tokens at the cap (in [0, 1]), and steering's cost.
 - ``--pg-token-quantile Q`` (forking tokens, ``E2E_PG_TOKEN_QUANTILE``): at every step ``pg_token_mask/kept_share``
   is in ``[Q, Q + 0.05]`` (ties at the threshold are kept), the threshold is logged, and the kept tokens' mean rollout
   entropy is above the dropped ones'.
@@ -73,6 +75,7 @@ VAL_ENTROPY_MEAN = "val-aux/rollout_entropy/mean"
 ABORTED_RATIO, VERL_ABORTED_RATIO = "rollout/aborted_ratio", "response/aborted_ratio"
 ABORTED_GROUPS, ABORT_WAIT = "rollout/aborted_groups", "rollout/abort_wait_s"
 KEPT_GROUPS = "rollout/kept_groups"
+SHAPING_BONUS, SHAPING_CAPPED = "entropy_advantage/bonus_mean", "entropy_advantage/capped_share"
 # Over-sampling's metrics on both stacks (issue 49), written here as the reference the package's are checked against.
 OVER_SAMPLE_KEYS = (
     "rollout/kept_groups",
@@ -194,6 +197,7 @@ def check(
     aborted_ratio: float | None = None,
     carry_over: bool = False,
     pg_token_quantile: float | None = None,
+    shaping: bool = False,
     forecast_every: int | None = None,
 ) -> list[str]:
     """Every failed acceptance check, as a message (empty: accepted). ``steps``: all records (``read_steps``)."""
@@ -212,7 +216,7 @@ def check(
         _check_gradient(errors, metrics)
         if entropy:
             _need(errors, metrics, ENTROPY_MEAN, lambda v: v > 0, "> 0 (rollout entropy not served: block in?)")
-            _check_timing(errors, metrics, aborted_ratio is not None, pg_token_quantile is not None)
+            _check_timing(errors, metrics, aborted_ratio is not None, pg_token_quantile is not None or shaping)
         _need(errors, metrics, PROBS_DIFF, lambda v: True, "a finite number (needs rollout.calculate_log_probs=True)")
         _need(errors, metrics, PEARSON, lambda v: True, "a finite number (needs rollout.calculate_log_probs=True)")
         if max_probs_diff is not None:
@@ -250,6 +254,11 @@ def check(
             _check_over_sampling(errors, metrics, aborted_ratio)
         if pg_token_quantile is not None:
             _check_forking_tokens(errors, metrics, pg_token_quantile)
+        if shaping:
+            _need(errors, metrics, SHAPING_BONUS, lambda v: v >= 0, ">= 0 (advantage shaping's mean bonus)")
+            _need(
+                errors, metrics, SHAPING_CAPPED, lambda v: 0 <= v <= 1, "in [0, 1] (advantage shaping's capped share)"
+            )
         if forecast_every is not None and (metrics["step"] - trained[0]["step"]) % forecast_every == 0:
             for key in FORECAST_KEYS:
                 _need(errors, metrics, key, lambda v: True, "a finite number (the forecast block's probed step)")
@@ -433,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--aborted-ratio", type=float, default=None, help="over-sampling: expected aborted share")
     parser.add_argument("--carry-over", action="store_true", help="over-sampling with carry-over: its metrics")
     parser.add_argument("--pg-token-quantile", type=float, default=None, help="forking tokens: the configured q")
+    parser.add_argument("--shaping", action="store_true", help="entropy advantage shaping: its metrics every step")
     parser.add_argument("--json", type=Path, default=None, help="also write the per-step acceptance metrics here")
     parser.add_argument(
         "--forecast-every", type=int, default=None, help="entropy forecast: its keys finite every k-th trained step"
@@ -462,6 +472,7 @@ def main(argv: list[str] | None = None) -> int:
         aborted_ratio=args.aborted_ratio,
         carry_over=args.carry_over,
         pg_token_quantile=args.pg_token_quantile,
+        shaping=args.shaping,
         forecast_every=args.forecast_every,
     )
     if args.same_generations is not None:

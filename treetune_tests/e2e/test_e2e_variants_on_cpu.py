@@ -58,13 +58,16 @@ BLOCK_EXTRA = ["actor_rollout_ref.model.external_lib=treetune_verl.verl.process_
 # verl/v0_9_1/session_rows_worker.py).
 WORKER_CLASS = "EntropyAgentLoopWorkerTQ" if CURRENT else "EntropyAgentLoopWorker"
 # Both runs also over-sample with abort (1 of the 4 groups aborted at every step: check_metrics --aborted-ratio 0.25),
-# train on forking tokens (the top 20 % of tokens by rollout entropy carry the policy gradient) and forecast every step
+# shape the advantages by rollout entropy (check_metrics --shaping), train on forking tokens (the top 20 % of tokens by
+# rollout entropy carry the policy gradient) and forecast every step
 # in the actor, over its 2 ranks (the script checks its probe/* metrics: check_metrics --forecast-every 1).
 PG_TOKEN_QUANTILE = 0.2
 ABORTED_RATIO = 0.25
+SHAPING_ALPHA = 0.4  # and entropy advantage shaping (its bonus before the forking-token mask)
 FEATURES_ENV = {
     "E2E_OVER_SAMPLE": str(ABORTED_RATIO),
     "E2E_PG_TOKEN_QUANTILE": str(PG_TOKEN_QUANTILE),
+    "E2E_SHAPING_ALPHA": str(SHAPING_ALPHA),
     "E2E_FORECAST": "1",
 }
 # verl 0.7.1 keeps an aborted row in its batch (an empty response): one row per micro-batch makes it a micro-batch of
@@ -179,6 +182,15 @@ def _run_variant(variant: str, workdir: Path, **env: str) -> subprocess.Complete
 
 
 @pytest.mark.slow
+def test_the_full_variant_runs_every_feature_of_the_step(tiny_model_dir, tmp_path):
+    """The features the slow test's runs turn on reach the trainer's config (advantage shaping among them)."""
+    args = _print_args("full", tmp_path / "run", tiny_model_dir, **FEATURES_ENV)
+    rollout = _compose(args).actor_rollout_ref.rollout
+    assert rollout.over_sample_rate == ABORTED_RATIO and rollout.custom.entropy.pg_token_quantile == PG_TOKEN_QUANTILE
+    assert rollout.custom.entropy.advantage_shaping.alpha == SHAPING_ALPHA
+    assert rollout.custom.entropy_forecast.every == 1
+
+
 @pytest.mark.e2e
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU variant; on a GPU run the script directly")
 def test_two_processes_kl_validation_checkpoint_then_resume():
@@ -190,6 +202,7 @@ def test_two_processes_kl_validation_checkpoint_then_resume():
     bounds = {
         "max_entropy_diff": 1e-3,
         "pg_token_quantile": PG_TOKEN_QUANTILE,
+        "shaping": True,
         "aborted_ratio": ABORTED_RATIO,
         "forecast_every": 1,
     }

@@ -45,7 +45,7 @@
 # per variant), E2E_NPROC (training processes = declared GPUs on CPU; default 1 for base, 2 otherwise), E2E_NNODES
 # (trainer.nnodes, default 1: E2E_NPROC / E2E_NNODES processes per node; with RAY_ADDRESS, a running cluster of that
 # many nodes: README, "On a Ray cluster that already runs"),
-# E2E_WORKDIR (default per variant), E2E_RESUME_FROM (resume only), E2E_OVER_SAMPLE (rollout.over_sample_rate, above), E2E_CARRY_OVER=1 (with E2E_OVER_SAMPLE: aborted groups resumed at the next step, with verl's token-level rollout correction), E2E_PG_TOKEN_QUANTILE (forking tokens, above), E2E_FORECAST=<k> (the live entropy forecast every k steps, below), E2E_PROBE=1 (also select the probing manager,
+# E2E_WORKDIR (default per variant), E2E_RESUME_FROM (resume only), E2E_OVER_SAMPLE (rollout.over_sample_rate, above), E2E_CARRY_OVER=1 (with E2E_OVER_SAMPLE: aborted groups resumed at the next step, with verl's token-level rollout correction), E2E_PG_TOKEN_QUANTILE (forking tokens, above), E2E_SHAPING_ALPHA (advantage shaping, below), E2E_FORECAST=<k> (the live entropy forecast every k steps, below), E2E_PROBE=1 (also select the probing manager,
 # treetune_tests/e2e/e2e_probe.py, and check the shape/dtype/mask alignment of every rollout's
 # batch["rollout_entropy"]), E2E_MAX_PROBS_DIFF / E2E_MIN_PEARSON (bounds at every step; CPU defaults 1e-3 / 0.999,
 # empty: no bound), PYTHON (default: python), RAY_TMPDIR (default /tmp/treetune_e2e_ray).
@@ -287,6 +287,13 @@ if [[ -n "$PG_TOKEN_QUANTILE" ]]; then
     [[ "$BLOCK" == 1 ]] || { echo "E2E_PG_TOKEN_QUANTILE needs the override block (E2E_BLOCK=1)" >&2; exit 2; }
     ARGS+=(actor_rollout_ref.rollout.custom.entropy.pg_token_quantile="$PG_TOKEN_QUANTILE")
 fi
+# Entropy advantage shaping (E2E_SHAPING_ALPHA=<alpha>, e.g. 0.4): each token's advantage plus an entropy bonus
+# (custom.entropy.advantage_shaping.alpha, kappa its default); check_metrics --shaping checks its metrics.
+SHAPING_ALPHA=${E2E_SHAPING_ALPHA:-}
+if [[ -n "$SHAPING_ALPHA" ]]; then
+    [[ "$BLOCK" == 1 ]] || { echo "E2E_SHAPING_ALPHA needs the override block (E2E_BLOCK=1)" >&2; exit 2; }
+    ARGS+=(actor_rollout_ref.rollout.custom.entropy.advantage_shaping.alpha="$SHAPING_ALPHA")
+fi
 if [[ "$OVER_SAMPLE" != 0 ]]; then
     ARGS+=(
         actor_rollout_ref.rollout.over_sample_rate="$OVER_SAMPLE"
@@ -424,6 +431,7 @@ g = $TRAIN_BATCH_SIZE; print((g - t($OVER_SAMPLE, g)) / g)")")  # whole groups: 
 fi
 [[ "$CARRY_OVER" == 1 ]] && CHECK+=(--carry-over)
 [[ -n "$PG_TOKEN_QUANTILE" ]] && CHECK+=(--pg-token-quantile "$PG_TOKEN_QUANTILE")
+[[ -n "$SHAPING_ALPHA" ]] && CHECK+=(--shaping)
 [[ -n "$FORECAST" ]] && CHECK+=(--forecast-every "$FORECAST")
 "$PYTHON" -m treetune_tests.e2e.check_metrics "$VERL_FILE_LOGGER_PATH" "${CHECK[@]}"
 [[ -n "$FORECAST" ]] && "$PYTHON" -m treetune_verl.forecast.plot "$VERL_FILE_LOGGER_PATH"
