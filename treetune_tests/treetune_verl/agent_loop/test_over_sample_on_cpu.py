@@ -240,7 +240,7 @@ async def test_the_managers_over_sampling_cost_is_the_steps_wait_after_the_targe
 ):
     """Issue 49's stand-in on verl 0.7.1: the manager's real ``generate_sequences`` around stand-in workers whose
     times are known. They generate 0.3 s before the target (verl's time), settle the kept group at the real counter,
-    then take ``wait_s`` more before the step's rows are back (the abort's time, on the step's path) and burn
+    then take ``wait_s`` (1.5 s) more before the step's rows are back (the abort's time, on the step's path) and burn
     ``work_s`` of CPU in a timed block of their own process, shipped with the rows as a real worker's are.
 
     ``rollout/abort_wait_s`` is the known wait, ``timing_s/treetune/over_sampling`` the step's wall time on our code
@@ -260,7 +260,7 @@ async def test_the_managers_over_sampling_cost_is_the_steps_wait_after_the_targe
     from treetune_verl.verl import EntropyAgentLoopManager
     from treetune_verl.verl.v0_7_1 import entropy_manager
 
-    wait_s, work_s = 0.8, 0.25
+    wait_s, work_s = 1.5, 0.25  # long enough that 10 % of it covers a loaded machine's scheduling
     seconds = timing.FeatureSeconds()
     monkeypatch.setattr(entropy_manager, "SECONDS", seconds)
     truth: dict[str, float] = {}

@@ -224,7 +224,7 @@ def test_the_steps_over_sampling_cost_is_its_wait_after_the_target_and_its_own_c
     from treetune_verl.rollout.session import group_session_id
     from treetune_verl.verl.v0_9_1 import over_sample_sampler
 
-    wait_s, work_s = 0.6, 0.2
+    wait_s, work_s = 1.2, 0.2  # long enough that 10 % of it covers a loaded machine's scheduling
     seconds = timing.FeatureSeconds()
     monkeypatch.setattr(over_sample_sampler, "SECONDS", seconds)
     buffer, store = _buffer(monkeypatch, {"a": "finished", "b": "finished", "c": "running", "d": "running"})
