@@ -72,6 +72,7 @@ CURRENT_TESTS := \
 	treetune_tests/treetune_verl/ppo/test_support_replay_on_cpu.py \
 	treetune_tests/e2e/test_verl_cpu_patches_on_cpu.py \
 	treetune_tests/e2e/test_check_metrics_on_cpu.py \
+	treetune_tests/e2e/test_bench_abort_latency_on_cpu.py \
 	treetune_tests/e2e/test_e2e_current_stack_on_cpu.py \
 	treetune_tests/e2e/test_e2e_support_replay_on_cpu.py \
 	treetune_tests/e2e/test_e2e_over_sample_on_cpu.py \
