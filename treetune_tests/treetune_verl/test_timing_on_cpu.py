@@ -2,10 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """``treetune_verl/timing.py``'s cost definition against stand-ins whose true times are known.
 
-A stand-in's working time is CPU it burns (a loop until its thread's CPU clock has advanced by the stated seconds),
-its waiting time a sleep or an await; the reference for wall time is ``time.perf_counter`` read by the test around
-the whole stand-in, never the module's own figures. Tolerance ±10 % (issue 49), with an absolute floor of 20 ms for
-the scheduler's jitter on a loaded 2-core machine.
+A stand-in's working time is CPU it burns (``known_times.burn_cpu``), its waiting time a sleep or an await; the
+reference for wall time is ``time.perf_counter`` read by the test around the whole stand-in, never the module's own
+figures. Tolerance ±10 % with a 20 ms floor (``known_times.close``, issue 49).
 """
 
 from __future__ import annotations
@@ -18,19 +17,9 @@ import time
 
 import pytest
 
+from treetune_tests.treetune_verl.known_times import burn_cpu, close
 from treetune_verl import timing
 from treetune_verl.timing import OVER_SAMPLING, ROLLOUT_ENTROPY, STEERING, AwaitInTimedBlock, FeatureSeconds
-
-
-def burn_cpu(seconds: float) -> None:
-    """Work: this thread's CPU clock advances by ``seconds``."""
-    end = time.thread_time() + seconds
-    while time.thread_time() < end:
-        pass
-
-
-def close(value: float, truth: float) -> bool:
-    return abs(value - truth) <= max(0.1 * truth, 0.02)
 
 
 def test_synchronous_blocks_count_their_wall_as_critical_and_their_cpu_as_work():

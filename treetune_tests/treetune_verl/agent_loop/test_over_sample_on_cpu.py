@@ -20,6 +20,7 @@ import torch
 from omegaconf import OmegaConf
 from verl.protocol import DataProto
 
+from treetune_tests.treetune_verl.known_times import burn_cpu, close
 from treetune_verl.agent_loop.over_sample import (
     CompletionCounter,
     OverSampleStep,
@@ -229,12 +230,6 @@ async def test_ending_a_step_wakes_its_waiters_when_the_target_was_not_reached(l
     assert await asyncio.wait_for(waiting, 10) is True and await counter.end.remote("full") == 1
 
 
-def _burn_cpu(seconds: float) -> None:
-    end = time.thread_time() + seconds
-    while time.thread_time() < end:
-        pass
-
-
 async def test_the_managers_over_sampling_cost_is_the_steps_wait_after_the_target_and_the_workers_cpu(
     local_ray, monkeypatch
 ):
@@ -274,7 +269,7 @@ async def test_the_managers_over_sampling_cost_is_the_steps_wait_after_the_targe
         await asyncio.sleep(wait_s)
         worker_seconds = timing.FeatureSeconds()  # a worker process's
         with worker_seconds.timed(timing.OVER_SAMPLING):
-            _burn_cpu(work_s)
+            burn_cpu(work_s)
         shipped = np.array([worker_seconds.take().cpu, None, None, None], dtype=object)
         truth["end"] = time.perf_counter()
         columns = {
@@ -300,9 +295,6 @@ async def test_the_managers_over_sampling_cost_is_the_steps_wait_after_the_targe
     metrics = timing.step_metrics(seconds.take(), step_s=None)
     abort_wait = output.meta_info[PENDING_METRICS_KEY]["rollout/abort_wait_s"]
     on_our_code = wall - (truth["reached"] - truth["workers_start"])  # the call's wall less verl's generation
-
-    def close(value: float, truth_s: float) -> bool:
-        return abs(value - truth_s) <= max(0.1 * truth_s, 0.02)
 
     assert close(abort_wait, truth["end"] - truth["reached"]) and abort_wait >= wait_s
     assert close(metrics["timing_s/treetune/over_sampling"], on_our_code)

@@ -144,9 +144,7 @@ class EntropyAgentLoopManager(AgentLoopManager):
         self._timing_on = not validate  # validation's seconds are not a training step's
         step, reached = None, None
         if not validate and self._completion_counter is not None:
-            begun = time.perf_counter()
             step = await self._begin_over_sample(prompts)
-            SECONDS.waited(OVER_SAMPLING, time.perf_counter() - begun)  # the step waits for the counter's answer
             reached = asyncio.ensure_future(self._target_reached_at(step))
         eval_due = self.rollout_eval is not None and self.rollout_eval.due(prompts)
         if eval_due:
@@ -239,22 +237,27 @@ class EntropyAgentLoopManager(AgentLoopManager):
         """Start a step at the counter and put its plan into ``prompts.meta_info`` for the workers; its key.
 
         Failed rows aborted without over-sampling: the target is every group (nothing is cut; a group with a failed
-        row is dropped whole).
+        row is dropped whole). Its synchronous work is over-sampling's (``timing.py``), the counter's answer a wait of
+        the step.
         """
-        uids = prompts.non_tensor_batch.get("uid")
-        sizes = group_sizes(uids)
-        step, target = uuid4().hex, completion_target(self._over_sample_rate, len(sizes))
+        with SECONDS.timed(OVER_SAMPLING):
+            uids = prompts.non_tensor_batch.get("uid")
+            sizes = group_sizes(uids)
+            step, target = uuid4().hex, completion_target(self._over_sample_rate, len(sizes))
+        begun = time.perf_counter()
         await self._completion_counter.begin.remote(step, target, sizes)
-        if self.carry_over is not None:
-            prompts.non_tensor_batch[CARRIED_ROW_KEY] = self.carry_over.resume_column(uids)
-        prompts.meta_info[OVER_SAMPLE_META_KEY] = {
-            "counter": self._completion_counter,
-            "step": step,
-            "target": target,
-            "abort_failed_rows": self._abort_failed_rows,
-            "carry_over": self.carry_over is not None,
-            "global_step": int(prompts.meta_info.get("global_steps", 0)),
-        }
+        SECONDS.waited(OVER_SAMPLING, time.perf_counter() - begun)
+        with SECONDS.timed(OVER_SAMPLING):
+            if self.carry_over is not None:
+                prompts.non_tensor_batch[CARRIED_ROW_KEY] = self.carry_over.resume_column(uids)
+            prompts.meta_info[OVER_SAMPLE_META_KEY] = {
+                "counter": self._completion_counter,
+                "step": step,
+                "target": target,
+                "abort_failed_rows": self._abort_failed_rows,
+                "carry_over": self.carry_over is not None,
+                "global_step": int(prompts.meta_info.get("global_steps", 0)),
+            }
         return step
 
     def take_validation_metrics(self) -> dict[str, float]:

@@ -122,6 +122,7 @@ class OverSampleReplayBuffer(ReplayBuffer):
         finally:
             self._target = None
         started = len(batch)  # the kept groups' rows
+        kept = {key.split("_")[0] for key in batch.keys}
         reached = time.perf_counter()
         # From the target on, the step waits on us (timing.py: the block's wall is the step's wait, its thread CPU our
         # work); waiting for the target is verl's.
@@ -136,7 +137,7 @@ class OverSampleReplayBuffer(ReplayBuffer):
                 metrics.update(self._carry_metrics(global_steps, batch))
             failed, rows, tokens = self._abort_groups(partition_id, dropped)
             if features.carry_over:
-                self._ledger_at_sample(batch, dropped, stale - failed, others - dropped)
+                self._ledger_at_sample(kept, dropped, stale - failed, others - dropped)
             # the rows that raised never reached TransferQueue: a failed group is short of them
             failed_rows = len(failed) * self._rows_per_group() - sum(rows[group] for group in failed) if failed else 0
         if failed:
@@ -150,7 +151,7 @@ class OverSampleReplayBuffer(ReplayBuffer):
         self.last_rows = (started, aborted_rows)  # for the reward's metrics, once the kept rows are scored
         metrics.update(
             abort_metrics(
-                kept_groups=len({key.split("_")[0] for key in batch.keys}),
+                kept_groups=len(kept),
                 aborted_groups=len(dropped),
                 failed_groups=len(failed),
                 kept_rows=started,
@@ -212,11 +213,10 @@ class OverSampleReplayBuffer(ReplayBuffer):
         metrics[f"{CARRY_PREFIX}groups_carried"] = self.carried
         return metrics
 
-    def _ledger_at_sample(self, batch: Any, dropped: set[str], stale: set[str], carried: set[str]) -> None:
+    def _ledger_at_sample(self, kept: set[str], dropped: set[str], stale: set[str], carried: set[str]) -> None:
         """The servers' token ledger when ``sample`` returns: the kept and dropped groups are resolved (their sessions
         forgotten there; the dropped ones' tokens are discarded, the stale ones among them counted apart), the
         carried ones are read after the trainer's pause (:meth:`finish_carry_metrics`)."""
-        kept = {key.split("_")[0] for key in batch.keys}
         self._session_tokens([group_session_id(uid) for uid in kept], forget=True)
         discarded_stale = self._session_tokens([group_session_id(uid) for uid in stale], forget=True)
         discarded = discarded_stale + self._session_tokens(
