@@ -65,6 +65,7 @@ CURRENT_TESTS := \
 	treetune_tests/treetune_verl/forecast/test_directional_on_cpu.py \
 	treetune_tests/treetune_verl/forecast/test_early_warning_on_cpu.py \
 	treetune_tests/treetune_verl/forecast/test_replay_warning_on_cpu.py \
+	treetune_tests/treetune_verl/forecast/test_rollout_eval_on_cpu.py \
 	treetune_tests/treetune_verl/forecast/test_softmax_tangent_on_cpu.py \
 	treetune_tests/treetune_verl/forecast/test_study_report_on_cpu.py \
 	treetune_tests/treetune_verl/control \

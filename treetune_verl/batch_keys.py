@@ -47,6 +47,10 @@ CARRY_RECORD_KEY = "treetune_carry_record"
 # DataProto.non_tensor_batch, object [B] ({feature: seconds} or None): the seconds an agent-loop worker spent in our
 # code for the batch (on its first row), popped by the manager (treetune_verl/timing.py).
 TIMING_KEY = "treetune_timing_s"
+# verl 0.7.1, DataProto.non_tensor_batch of the output, object [B] (float or None): when an agent-loop worker's rows had
+# all settled (``time.time()``, on its first row), before it waited for the forecast's E; popped by the manager, which
+# ends over-sampling's abort wait there (the step's wait for E of the kept groups after it is the forecast's).
+ROWS_SETTLED_AT_KEY = "treetune_rows_settled_at"
 # verl 0.9.1 carry-over: each response token's weight version (the server's ``global_steps`` when it was sampled: the
 # training step whose update produced the weights), AgentLoopOutput.extra_fields, list[int] aligned with the response
 TOKEN_GLOBAL_STEPS_KEY = "token_global_steps"

@@ -34,12 +34,13 @@ Variant checks (``E2E_VARIANT=full|resume`` of ``test_entropy_e2e.sh``):
   empty, and 0 on verl 0.9.1, whose replay buffer keeps them out of verl's batch.
 - ``--carry-over`` (over-sampling with carry-over, ``E2E_CARRY_OVER=1``): at every step the carry-over metrics, the
   same keys on both stacks (``CARRY_OVER_KEYS``: groups resumed and carried, rows and tokens trained, tokens generated
-  / carried / discarded, the discarded share, backlog, stale restarts) and verl's rollout-correction metrics
+  / carried / discarded, the discarded share, backlog, the longest wait of a step's prompts and its bound, stale
+  restarts), every step's longest wait within the bound, verl's rollout-correction metrics
   (``rollout_corr/...``) are logged, every step after the first resumes the groups the previous one carried, and
-  carried rows are trained in at least one step. On verl 0.9.1 (groups carried while running; verl's own
-  ``response/aborted_ratio`` 0): the groups carried or dropped are the share ``--aborted-ratio`` of each step's
-  groups, a step resumes at most what the previous one carried, and tokens of earlier weights are trained in at
-  least one step.
+  carried rows are trained in at least one step (unless the run is one step from scratch). On verl 0.9.1 (groups
+  carried while running; verl's own ``response/aborted_ratio`` 0): the groups carried or dropped are the share
+  ``--aborted-ratio`` of each step's groups, a step resumes at most what the previous one carried, and tokens of
+  earlier weights are trained in at least one step.
 - ``--shaping`` (entropy advantage shaping, ``E2E_SHAPING_ALPHA``): at every step its mean bonus (>= 0) and the share
   of tokens at the cap (in [0, 1]), and steering's cost.
 - ``--pg-token-quantile Q`` (forking tokens, ``E2E_PG_TOKEN_QUANTILE``): at every step ``pg_token_mask/kept_share``
@@ -140,6 +141,10 @@ FORECAST_KEYS = (
     "probe/warning/collapse",
     "probe/warning/disagree",
 )
+# Standard errors over E's prompts: logged when E has two or more. Over-sampling drops a group's E with the group
+# (its requests cut at the abort), so a step's E may keep one of two prompts.
+PROMPT_SE_KEYS = ("probe/deltaH1_se/naive", "probe/deltaH1_se/rb_residual", "probe/deltaH_realised_se")
+EVAL_PROMPTS = "probe/eval_prompts"
 TREETUNE_TIMING = "timing_s/treetune/"  # treetune_verl/timing.py: wall seconds the step waited on our code
 TREETUNE_CPU = "cpu_s/treetune/"  # and our CPU seconds, every process
 TREETUNE_SHARE = "treetune/share_of_step"
@@ -260,7 +265,11 @@ def check(
                 errors, metrics, SHAPING_CAPPED, lambda v: 0 <= v <= 1, "in [0, 1] (advantage shaping's capped share)"
             )
         if forecast_every is not None and (metrics["step"] - trained[0]["step"]) % forecast_every == 0:
+            _need(errors, metrics, EVAL_PROMPTS, lambda v: v >= 1, ">= 1 (E's prompts at a probed step)")
+            several = _finite(metrics.get(EVAL_PROMPTS)) and metrics[EVAL_PROMPTS] >= 2
             for key in FORECAST_KEYS:
+                if key in PROMPT_SE_KEYS and not several:
+                    continue  # a standard error over one prompt is undefined: the forecast logs none
                 _need(errors, metrics, key, lambda v: True, "a finite number (the forecast block's probed step)")
     if trained and not any(_finite(m.get(GRAD_NORM)) and m[GRAD_NORM] > 0 for m in trained):
         errors.append(f"no training step with {GRAD_NORM} > 0: the run never updated the actor")
@@ -339,6 +348,8 @@ CARRY_OVER_KEYS = tuple(
         "tokens_discarded",
         "discarded_share",
         "backlog",
+        "prompt_wait_max",
+        "prompt_wait_bound",
         "rows_restarted_stale",
         "tokens_discarded_stale",
     )
@@ -354,6 +365,8 @@ def _check_carry_over(errors: list[str], trained: list[dict]) -> None:
     for metrics in trained:
         for key in CARRY_OVER_KEYS:
             _need(errors, metrics, key, lambda v: v >= 0, ">= 0 (carry-over on)")
+        bound = metrics.get(CARRY_OVER + "prompt_wait_bound")
+        _need(errors, metrics, CARRY_OVER + "prompt_wait_max", lambda v, b=bound: v <= b, f"<= {bound} (the bound)")
         if not any(key.startswith("rollout_corr/") for key in metrics):
             errors.append(f"step {metrics['step']}: no rollout_corr/ metric (algorithm.rollout_correction off?)")
         if previous is not None:
@@ -364,7 +377,9 @@ def _check_carry_over(errors: list[str], trained: list[dict]) -> None:
     trained_key, what = (
         ("tokens_trained", "no token of an earlier step's weights") if v1 else ("rows_trained", "no carried row")
     )
-    if trained and not sum(m.get(CARRY_OVER + trained_key, 0) for m in trained):
+    # a run of one step from scratch (the every-feature pair's first half) carries groups but cannot train them yet
+    could_train = len(trained) >= 2 or (bool(trained) and trained[0]["step"] > 1)
+    if could_train and not sum(m.get(CARRY_OVER + trained_key, 0) for m in trained):
         errors.append(f"{what} was trained in any step")
 
 

@@ -16,12 +16,15 @@ from treetune_tests.e2e.check_metrics import (
     CARRY_OVER_KEYS,
     ENTROPY_DIFF,
     ENTROPY_MEAN,
+    EVAL_PROMPTS,
+    FORECAST_KEYS,
     GRAD_NORM,
     KL_LOSS,
     OVER_SAMPLE_KEYS,
     PEARSON,
     PG_LOSS,
     PROBS_DIFF,
+    PROMPT_SE_KEYS,
     TREETUNE_CPU,
     TREETUNE_SHARE,
     TREETUNE_TIMING,
@@ -98,6 +101,18 @@ def test_a_zero_gradient_passes_only_when_every_advantage_is_zero_and_some_step_
     never = check([_train(1, **flat), _train(2, **flat)], min_steps=2)
     assert never == [f"no training step with {GRAD_NORM} > 0: the run never updated the actor"]
     assert any("finite" in e for e in check([_train(1, **{GRAD_NORM: float("nan")})], min_steps=1))
+
+
+def test_a_probed_step_needs_every_forecast_key_and_the_prompts_standard_errors_from_two_prompts():
+    """Over-sampling drops a group's E with it: a step may keep one of E's two prompts, and a standard error over
+    one prompt is undefined (the forecast logs none); every other forecast key is still required."""
+    forecast = dict.fromkeys(FORECAST_KEYS, 0.1)
+    one_prompt = {k: v for k, v in forecast.items() if k not in PROMPT_SE_KEYS} | {EVAL_PROMPTS: 1.0}
+    assert check([_train(1, **forecast, **{EVAL_PROMPTS: 2.0})], min_steps=1, forecast_every=1) == []
+    assert check([_train(1, **one_prompt)], min_steps=1, forecast_every=1) == []
+    errors = check([_train(1, **one_prompt | {EVAL_PROMPTS: 2.0})], min_steps=1, forecast_every=1)
+    assert sorted(e.split(": ")[1] for e in errors) == sorted(f"{key} missing" for key in PROMPT_SE_KEYS)
+    assert check([_train(1, **forecast)], min_steps=1, forecast_every=1) == [f"step 1: {EVAL_PROMPTS} missing"]
 
 
 def test_validation_only_records_are_told_apart():
@@ -264,6 +279,11 @@ def test_carry_over_checks():
     assert any("groups_resumed" in e for e in check(lost, min_steps=2, carry_over=True))
     never = [_carried(1, 0, 1, 0), _carried(2, 1, 0, 0)]
     assert "no carried row was trained in any step" in check(never, min_steps=2, carry_over=True)
+    assert check(never[:1], min_steps=1, carry_over=True) == []  # one step from scratch: nothing to train yet
+    resumed = [_carried(2, 1, 0, 0)]  # a resumed run's step (the pair's second half) must train what it resumed
+    assert "no carried row was trained in any step" in check(resumed, min_steps=1, carry_over=True)
+    waited_too_long = [m | {CARRY_OVER + "prompt_wait_max": 3, CARRY_OVER + "prompt_wait_bound": 2} for m in steps]
+    assert any("prompt_wait_max" in e and "<= 2" in e for e in check(waited_too_long, min_steps=3, carry_over=True))
     no_correction = [{k: v for k, v in m.items() if not k.startswith("rollout_corr/")} for m in steps]
     assert any("no rollout_corr/ metric" in e for e in check(no_correction, min_steps=3, carry_over=True))
     missing = [{k: v for k, v in m.items() if k != CARRY_OVER + "backlog"} for m in steps]

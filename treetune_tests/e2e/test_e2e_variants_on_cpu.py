@@ -6,9 +6,11 @@ reference model and the KL loss, validation before training and after every step
 second run that resumes it and trains step 2. The full run is also each stack's plain check of the block (what
 ``make e2e`` runs on one process): every step's rollout entropy against the actor's of the same tokens, every row
 from our loop, our classes in the log. On both stacks both runs also over-sample with abort
-(``over_sample_rate=0.25``: 1 of 4 groups aborted at every step; on verl 0.9.1 through our replay buffer), train on
-forking tokens and forecast the entropy change of every update: every feature at once, at 2 ranks with validation,
-checkpoint and resume. These are each stack's GRPO runs of plain over-sampling, forking tokens and the forecast (on
+(``over_sample_rate=0.25``: 1 of 4 groups cut at every step; on verl 0.9.1 through our replay buffer) with carry-over
+(the cut group resumes at the next step, across the checkpoint: the resumed run trains the group the saved run
+carried), shape the advantages by rollout entropy, train on forking tokens and forecast the entropy change of every
+update: every feature of the step at once, at 2 ranks with validation, checkpoint and resume (managed sessions of
+several rows cannot over-sample: the README's refused pair). These are each stack's GRPO runs of plain over-sampling, forking tokens and the forecast (on
 verl 0.7.1 they were a run of their own, ``test_e2e_all_features_on_cpu.py``, until its checks moved here: one
 row per actor micro-batch there as here, so that an aborted row, which verl 0.7.1 keeps in its batch as an empty
 response, is a micro-batch of its own: the loss fix's hardest case).
@@ -66,6 +68,7 @@ ABORTED_RATIO = 0.25
 SHAPING_ALPHA = 0.4  # and entropy advantage shaping (its bonus before the forking-token mask)
 FEATURES_ENV = {
     "E2E_OVER_SAMPLE": str(ABORTED_RATIO),
+    "E2E_CARRY_OVER": "1",  # the cut group carried into the next step (check_metrics --carry-over)
     "E2E_PG_TOKEN_QUANTILE": str(PG_TOKEN_QUANTILE),
     "E2E_SHAPING_ALPHA": str(SHAPING_ALPHA),
     "E2E_FORECAST": "1",
@@ -155,25 +158,28 @@ def test_resume_refuses_without_a_saved_run_or_in_place(tiny_model_dir, tmp_path
 
 def _check_forecast(metrics: dict) -> None:
     """The forecast's E sampled by the rollout's servers beside the step's rows, none in the actor: half of the step's
-    4 prompts (eval_share 0.5); the forecast saw the update's one optimizer step, so the update's realised change is
-    the first step's."""
-    assert metrics["probe/sample_s"] == 0 and metrics["probe/eval_prompts"] == 2
+    4 prompts (eval_share 0.5), less a cut group's; the forecast saw the update's one optimizer step, so the update's
+    realised change is the first step's."""
+    # 2 marked; the E of a group that over-sampling cut is cut with it (or, carried, lands too late for this step)
+    assert metrics["probe/sample_s"] == 0 and metrics["probe/eval_prompts"] in (1, 2)
     assert metrics["probe/eval_gen_s"] > 0 and 0 < metrics["probe/eval_gen_token_share"] < 1
     assert metrics["probe/optimizer_steps"] == 1
     assert metrics["probe/deltaH_realised_first_step"] == metrics["probe/deltaH_realised"]
     assert metrics["timing_s/probe"] > 0 and metrics["probe/step_norm"] > 0
 
 
-def _check_over_sampling(metrics: dict) -> None:
-    """1 of the 4 groups aborted (2 of 8 rows). verl 0.9.1: never in verl's batch (verl's count of empty responses 0;
-    the 6 kept rows are padded to 8 by verl itself, 4 per rank). verl 0.7.1: in its batch as empty responses (verl's
-    count 0.25), scored 0 in our aborted-as-zero mean, below the completed rows' mean."""
-    assert metrics["rollout/aborted_rows"] == 2 and metrics["rollout/aborted_ratio"] == 0.25
-    if CURRENT:
-        assert metrics["rollout/aborted_groups"] == 1 and metrics["response/aborted_ratio"] == 0
-    else:
-        assert metrics["response/aborted_ratio"] == 0.25
-        assert metrics["rollout/score/aborted_as_zero_mean"] <= metrics["rollout/score/completed_mean"]
+def _check_over_sampling(metrics: dict, resumed: int) -> None:
+    """1 of the 4 groups not kept, carried into the next step (none dropped: "aborted" is dropped); ``resumed``
+    groups carried in and trained, with their 2 rows' tokens of the earlier weights. verl 0.9.1: the carried group
+    left running, never in verl's batch (verl's count of empty responses 0; the 6 kept rows padded to 8 by verl itself,
+    4 per rank). verl 0.7.1: its rows in the batch as empty responses (verl's count 0.25)."""
+    assert metrics["rollout/carry_over/groups_carried"] == 1 and metrics["rollout/aborted_groups"] == 0
+    assert metrics["rollout/aborted_rows"] == 0 and metrics["rollout/aborted_ratio"] == 0
+    assert metrics["response/aborted_ratio"] == (0 if CURRENT else 0.25)
+    assert metrics["rollout/carry_over/groups_resumed"] == resumed
+    assert metrics["rollout/carry_over/rows_trained"] == 2 * resumed
+    assert (metrics["rollout/carry_over/tokens_trained"] > 0) == bool(resumed)
+    assert metrics["rollout/carry_over/prompt_wait_max"] <= metrics["rollout/carry_over/prompt_wait_bound"]
 
 
 def _run_variant(variant: str, workdir: Path, **env: str) -> subprocess.CompletedProcess:
@@ -188,6 +194,7 @@ def test_the_full_variant_runs_every_feature_of_the_step(tiny_model_dir, tmp_pat
     rollout = _compose(args).actor_rollout_ref.rollout
     assert rollout.over_sample_rate == ABORTED_RATIO and rollout.custom.entropy.pg_token_quantile == PG_TOKEN_QUANTILE
     assert rollout.custom.entropy.advantage_shaping.alpha == SHAPING_ALPHA
+    assert rollout.custom.over_sample.carry_over is True
     assert rollout.custom.entropy_forecast.every == 1
 
 
@@ -204,6 +211,7 @@ def test_two_processes_kl_validation_checkpoint_then_resume():
         "pg_token_quantile": PG_TOKEN_QUANTILE,
         "shaping": True,
         "aborted_ratio": ABORTED_RATIO,
+        "carry_over": True,
         "forecast_every": 1,
     }
     assert check(steps, 1, 1e-3, 0.999, first_step=1, kl=True, val=True, **bounds) == []
@@ -214,7 +222,7 @@ def test_two_processes_kl_validation_checkpoint_then_resume():
     assert saved["timing_s/agent_loop/rollout_entropy/rows_without_entropy"] == 0
     assert saved["rollout_entropy/actor_abs_diff/max"] <= 1e-2
     _check_forecast(saved)
-    _check_over_sampling(saved)
+    _check_over_sampling(saved, resumed=0)
     assert (FULL / "entropy_forecast.png").read_bytes()[:4] == b"\x89PNG"
     log = (FULL / "train.log").read_text()
     assert "EntropySGLangHttpServer" in log and WORKER_CLASS in log
@@ -234,7 +242,9 @@ def test_two_processes_kl_validation_checkpoint_then_resume():
     steps = read_steps(RESUME / "metrics.jsonl")
     assert [(m["step"], is_validation_only(m)) for m in steps] == [(1, True), (2, False)]
     assert [m["step"] for m in training_steps(steps)] == [2]
-    assert check(steps, 1, 1e-3, 0.999, first_step=2, kl=True, val=True, **bounds) == []
+    # verl's rollout-vs-actor probabilities include the carried group's tokens of step 1's weights: no bound on them
+    # (ours, the entropy agreement, leaves those tokens out and keeps its bound)
+    assert check(steps, 1, None, None, first_step=2, kl=True, val=True, **bounds) == []
     before, resumed = steps
     log = (RESUME / "train.log").read_text()
     assert "Resuming from" in log and str(RESUME / "checkpoints" / "global_step_1") in log
@@ -252,8 +262,8 @@ def test_two_processes_kl_validation_checkpoint_then_resume():
     entropy_keys = {k for k in saved if "rollout_entropy" in k}
     assert {k for k in resumed if "rollout_entropy" in k} == entropy_keys and ENTROPY_MEAN in entropy_keys
     assert math.isfinite(resumed[PG_LOSS]) and resumed[ENTROPY_MEAN] > 0
-    assert resumed[PROBS_DIFF] <= 1e-3 and resumed[PEARSON] >= 0.999
+    assert resumed[PROBS_DIFF] > 1e-4 and resumed[PEARSON] < 1  # the older tokens in verl's comparison (0.011, 0.995)
     _check_forecast(resumed)
-    _check_over_sampling(resumed)
+    _check_over_sampling(resumed, resumed=1)  # the group the saved run carried, restored from its checkpoint
     summary = json.loads((RESUME / "summary.json").read_text())
     assert [row["step"] for row in summary] == [1, 2]

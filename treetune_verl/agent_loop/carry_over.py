@@ -16,6 +16,16 @@ the prompts waiting in the backlog, then the dataloader's; the prompts displaced
 no prompt is lost (they are trained later). Only single-turn rows from loops that report their stop reason
 (``entropy_single_turn_agent``) resume; any other row of a carried group restarts.
 
+The backlog is bounded: verl's ``fit`` would draw a whole batch every step while a step takes only ``slots -
+carried`` fresh prompts, so the backlog would grow by the carried groups at every step of an epoch (issue 49: 0, 1,
+2, 3 over 4 steps). :class:`BoundedLoader` (installed over ``trainer.train_dataloader`` by the trainer's ``fit``
+seam) draws the dataloader only when the backlog cannot fill the step (:meth:`CarryOver.needs_prompts`) and hands
+``fit`` an empty batch otherwise, so the step's prompts come from the backlog alone. The backlog then stays under one
+batch and a prompt waits at most :func:`prompt_wait_bound` steps (logged with the longest wait of the step's prompts).
+Every drawn prompt is trained once, in the order drawn; an epoch takes more steps than the dataloader's batches (about
+``slots / (slots - carried)`` times as many), and the prompts still waiting when an epoch's batches run out go first
+in the next epoch.
+
 Who calls what, all in the trainer's process:
 
 - the trainer's ``_get_gen_batch`` seam (``treetune_verl/verl/v0_7_1/trainer_seams.py``): :meth:`CarryOver.fill_slots`;
@@ -28,6 +38,7 @@ Who calls what, all in the trainer's process:
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,12 +144,15 @@ class CarryOver:
         max_staleness: a row resumes only while its oldest token was sampled at most this many steps ago.
     """
 
-    def __init__(self, max_staleness: int) -> None:
+    def __init__(self, max_staleness: int, slots: int, most_carried: int) -> None:
         if max_staleness < 1:
             raise ValueError(f"max_staleness must be >= 1 step, got {max_staleness}")
         self.max_staleness = max_staleness
+        self.slots = slots  # groups per step: the dataloader's batch size
+        self.wait_bound = prompt_wait_bound(slots, most_carried)
         self._groups: dict[str, _CarriedGroup] = {}  # insertion order: oldest first
         self._backlog: list[DataProto] = []  # one-row prompts waiting for a slot, first in first out
+        self._drawn: list[int] = []  # the step at which each prompt of the backlog was drawn
         self._prompts: dict[str, DataProto] = {}  # this step's prompt rows by uid
         self._resuming: dict[str, list[CarriedRow | None]] = {}  # this step's resumed groups
         self._metrics: dict[str, float] = {}
@@ -158,26 +172,73 @@ class CarryOver:
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps (the trainer's ``_save_checkpoint`` seam): the carried groups and the backlog."""
-        return {"max_staleness": self.max_staleness, "groups": dict(self._groups), "backlog": list(self._backlog)}
+        return {
+            "max_staleness": self.max_staleness,
+            "groups": dict(self._groups),
+            "backlog": list(self._backlog),
+            "drawn": list(self._drawn),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` (the trainer's ``_load_checkpoint`` seam), keeping this run's bound."""
-        self._groups, self._backlog = dict(state["groups"]), list(state["backlog"])
+        """Restore :meth:`state_dict` (the trainer's ``_load_checkpoint`` seam), keeping this run's bound.
+
+        Raises:
+            ValueError: a state without the backlog's draw steps (saved before the backlog was bounded).
+        """
+        if "drawn" not in state or len(state["drawn"]) != len(state["backlog"]):
+            raise ValueError(
+                "carry-over: the checkpoint's state has no draw step for each waiting prompt (saved by an earlier "
+                "treetune-verl, before the backlog was bounded): resume from a checkpoint of this version"
+            )
+        self._groups, self._backlog, self._drawn = dict(state["groups"]), list(state["backlog"]), list(state["drawn"])
+
+    def needs_prompts(self) -> bool:
+        """Whether the next step needs the dataloader: the backlog holds fewer prompts than the slots the carried
+        groups leave free (:class:`BoundedLoader`)."""
+        return len(self._backlog) < self.slots - min(len(self._groups), self.slots)
+
+    def empty_batch(self) -> dict[str, Any]:
+        """A batch of the dataloader's fields and no row (``fit``'s ``batch_dict``), from a waiting prompt's row.
+
+        Raises:
+            RuntimeError: no prompt is waiting (nothing says what the dataloader's fields are).
+        """
+        if not self._backlog:
+            raise RuntimeError("carry-over: an empty batch asked for with no prompt waiting")
+        row = self._backlog[0]
+        fields: dict[str, Any] = {key: value[:0] for key, value in row.batch.items()}
+        fields.update({key: value[:0] for key, value in row.non_tensor_batch.items() if key != "uid"})
+        return fields
 
     def fill_slots(self, batch: DataProto, step: int) -> None:
         """Give the carried groups and the waiting prompts their slots in the trainer's ``batch`` (in place, before
         verl's ``_get_gen_batch`` splits it); the prompts displaced join the backlog.
 
         Args:
-            batch: the dataloader's prompts (one row each, ``uid`` set), as ``fit`` holds them.
+            batch: the dataloader's prompts (one row each, ``uid`` set), as ``fit`` holds them: a whole batch of
+                :attr:`slots`, or none when the backlog fills the step (:class:`BoundedLoader`).
             step: the trainer's ``global_steps``.
+
+        Raises:
+            ValueError: ``batch`` holds neither :attr:`slots` prompts nor none, or none while the backlog cannot fill
+                the step (the dataloader is not the :class:`BoundedLoader`).
         """
-        size = len(batch)
+        drawn = len(batch)
+        if drawn not in (0, self.slots) or (drawn == 0 and self.needs_prompts()):
+            raise ValueError(
+                f"carry-over: a step's batch of {drawn} prompts with {len(self._backlog)} waiting and "
+                f"{len(self._groups)} group(s) carried ({self.slots} slots): the trainer's dataloader must be "
+                "carry_over.BoundedLoader (the trainer's fit seam installs it)"
+            )
+        size = self.slots
         groups = list(self._groups.items())
         carried, later = groups[:size], groups[size:]
         self._groups = dict(later)
-        queue = self._backlog + [_row(batch, i) for i in range(size)]
-        fresh, self._backlog = queue[: size - len(carried)], queue[size - len(carried) :]
+        queue = self._backlog + [_row(batch, i) for i in range(drawn)]
+        drawn_at = self._drawn + [step] * drawn
+        taken = size - len(carried)
+        fresh, self._backlog = queue[:taken], queue[taken:]
+        waits, self._drawn = [step - at for at in drawn_at[:taken]], drawn_at[taken:]
         self._resuming, stale_rows, stale_tokens = {}, 0, 0
         for uid, group in carried:
             rows = []
@@ -195,6 +256,8 @@ class CarryOver:
             "rows_restarted_stale": stale_rows,
             "tokens_discarded_stale": stale_tokens,
             "backlog": len(self._backlog),
+            "prompt_wait_max": max(waits, default=0),
+            "prompt_wait_bound": self.wait_bound,
         }
 
     def resume_column(self, uids: np.ndarray) -> np.ndarray:
@@ -271,6 +334,59 @@ class CarryOver:
         metrics.update({f"staleness/{age}": float(count) for age, count in sorted(staleness.items())})
         self._metrics, self._resuming = {}, {}
         return {METRIC_PREFIX + key: float(value) for key, value in metrics.items()}
+
+
+def prompt_wait_bound(slots: int, most_carried: int) -> int:
+    """The most steps a prompt waits between the dataloader's draw and its slot, with :class:`BoundedLoader` and at
+    most ``most_carried`` groups carried per step (``slots`` minus over-sampling's target).
+
+    The dataloader is drawn only while the backlog holds fewer than the free slots, so a drawn prompt stands fewer
+    than ``2 slots - 1`` places from the queue's head, and every step takes at least ``slots - most_carried`` of them.
+
+    Raises:
+        ValueError: ``most_carried`` not in ``[0, slots)`` (a step must take a fresh prompt).
+    """
+    if not 0 <= most_carried < slots:
+        raise ValueError(f"carry-over: {most_carried} carried groups of {slots} slots per step")
+    return (2 * slots - 1) // (slots - most_carried)
+
+
+class BoundedLoader:
+    """verl's training dataloader, drawn only when the backlog cannot fill the next step (module docstring).
+
+    ``fit`` iterates it as the dataloader; each item is either the dataloader's next batch or, when
+    :meth:`CarryOver.needs_prompts` is false, an empty batch of the same fields (``fit`` turns it into an empty
+    ``DataProto``; :meth:`CarryOver.fill_slots` fills the step from the backlog). ``state_dict`` /
+    ``load_state_dict``, ``len`` and every other attribute are the dataloader's (verl saves and restores its position;
+    nothing drawn is held here: a drawn batch goes to ``fit`` at once, its prompts to the backlog, which carry-over's
+    checkpoint keeps).
+    """
+
+    def __init__(self, loader: Any, carry_over: CarryOver) -> None:
+        self.loader, self.carry_over = loader, carry_over
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        batches = iter(self.loader)
+        while True:
+            if not self.carry_over.needs_prompts():
+                yield self.carry_over.empty_batch()
+                continue
+            try:
+                yield next(batches)
+            except StopIteration:
+                return  # the epoch's batches are drawn; the prompts waiting go first in the next
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)  # the rest is the dataloader's (``fit`` reads its ``sampler``)
 
 
 def _row(batch: DataProto, index: int) -> DataProto:

@@ -33,6 +33,7 @@ from typing import Any
 import ray
 
 from treetune_verl.batch_keys import OVER_SAMPLE_META_KEY
+from treetune_verl.rollout.session import group_session_id
 from treetune_verl.timing import OVER_SAMPLING, SECONDS
 
 
@@ -102,6 +103,10 @@ class StepCounter:
         await count.reached.wait()
         return len(count.kept) == count.target
 
+    async def kept_groups(self, step: str) -> list[str]:
+        """The groups ``step`` keeps (final once its target is reached)."""
+        return sorted(self._steps[step].kept)
+
     async def end(self, step: str) -> int:
         """Forget ``step`` and wake its waiters (no call is left parked here); returns how many groups were kept."""
         count = self._steps.pop(step)
@@ -159,6 +164,7 @@ class OverSampleStep:
         self._open: set[str] = set()
         self.aborted_sessions: list[str] = []  # sessions this worker aborted (to forget at the servers)
         self.failed_sessions: set[str] = set()  # sessions whose agent loop raised
+        self.eval_groups: set[str] = set()  # groups whose forecast E runs under their group session (eval_session)
         self.target_reached = False
 
     def open(self, session: str) -> None:
@@ -176,21 +182,33 @@ class OverSampleStep:
             return False
         return await self._counter.settle.remote(self._step, group, failed)
 
+    def eval_session(self, group: str) -> str | None:
+        """The session to name the forecast's E of ``group`` after (``session.eval_request_id``), aborted with the
+        group's trajectories if the group is dropped; ``None`` once the target is reached: a group whose first turn
+        comes after it cannot be kept, and its E would only hold the step."""
+        if self.target_reached:
+            return None
+        self.eval_groups.add(group)
+        return group_session_id(group)
+
     def is_open(self, session: str) -> bool:
         """Whether ``session`` has not been settled yet."""
         return session in self._open
 
     async def abort_when_target_reached(self, server_manager: Any) -> None:
-        """Wait for the batch-wide target, then abort every trajectory of this worker still open.
+        """Wait for the batch-wide target, then abort every trajectory of this worker still open, and the forecast's E
+        of every group it does not keep.
 
         From then on the server manager answers these trajectories' turns at once (``target_reached``), and the
         servers cut the requests already running.
         """
         if not await self._counter.wait.remote(self._step):
             return  # the step ended without reaching its target: nothing is left to abort
+        kept = set(await self._counter.kept_groups.remote(self._step)) if self.eval_groups else set()
         with SECONDS.timed(OVER_SAMPLING):
             self.target_reached = True
-            self.aborted_sessions = sorted(self._open)
+            dropped_evals = [group_session_id(group) for group in sorted(self.eval_groups - kept)]
+            self.aborted_sessions = sorted(self._open) + dropped_evals
         if self.aborted_sessions:  # awaited outside the block: waiting is not our work (timing.py)
             await server_manager.abort_sessions(self.aborted_sessions)
 

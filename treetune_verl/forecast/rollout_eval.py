@@ -26,6 +26,7 @@ import asyncio
 import contextvars
 import logging
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 from uuid import uuid4
@@ -33,10 +34,15 @@ from uuid import uuid4
 import numpy as np
 from verl import DataProto
 
-from treetune_verl.batch_keys import FORECAST_EVAL_KEY, FORECAST_EVAL_PLAN_KEY
+from treetune_verl.batch_keys import FORECAST_EVAL_KEY, FORECAST_EVAL_PLAN_KEY, ROLLOUT_ABORTED_KEY
 from treetune_verl.forecast.settings import ForecastSettings
+from treetune_verl.rollout.session import EVAL_SESSION
+from treetune_verl.rollout.token_output import ABORTED_STOP_REASON
 
 REQUEST_PREFIX = "forecast-eval-"  # E's requests' sticky keys
+# verl 0.7.1: the step's wait for E once every row of the batch had settled (the manager's; E of the kept groups still
+# decoding when over-sampling reached its target is the forecast's cost, not over-sampling's)
+EVAL_WAIT_METRIC = "probe/eval_wait_s"
 logger = logging.getLogger(__name__)
 
 
@@ -92,30 +98,53 @@ class SampledEval:
         )
 
 
+class EvalCut(Exception):
+    """A request of E came back cut by an abort (its group was dropped by over-sampling): E of that prompt is
+    incomplete, and is left out."""
+
+
 async def sample_eval(client: Any, prompt_ids: list[int], plan: EvalPlan) -> SampledEval:
     """``plan.n`` responses to ``prompt_ids``, each from a request of its own (sticky key ``forecast-eval-...``) sent
     through verl's server ``client`` (``generate(request_id, prompt_ids=..., sampling_params=...)``: verl 0.7.1's
-    ``AsyncLLMServerManager``, verl 0.9.1's ``LLMServerClient``)."""
+    ``AsyncLLMServerManager``, verl 0.9.1's ``LLMServerClient``).
+
+    Raises:
+        EvalCut: a request stopped with ``"abort"`` (a cut response would bias E toward short answers).
+    """
     start = time.perf_counter()
     keys = [f"{REQUEST_PREFIX}{uuid4().hex}" for _ in range(plan.n)]
     outputs = await asyncio.gather(
         *[client.generate(key, prompt_ids=prompt_ids, sampling_params=plan.sampling_params()) for key in keys]
     )
+    cut = sum(out.stop_reason == ABORTED_STOP_REASON for out in outputs)
+    if cut:
+        raise EvalCut(f"{cut} of E's {plan.n} requests were cut by an abort")
     responses = [np.asarray(out.token_ids, dtype=np.int32) for out in outputs]
     return SampledEval(np.asarray(prompt_ids, dtype=np.int32), responses, keys, time.perf_counter() - start)
 
 
 def start_sampling(
-    tasks: dict[str, asyncio.Task], uid: str, prompt_ids: list[int], plan: EvalPlan, client: Any
+    tasks: dict[str, asyncio.Task],
+    uid: str,
+    prompt_ids: list[int],
+    plan: EvalPlan,
+    client: Any,
+    abort_with: str | None = None,
 ) -> None:
     """Start ``uid``'s E (:func:`sample_eval`) in ``tasks``, unless started already (once per uid) or the prompt is
-    empty. The task runs in a fresh ``contextvars.Context``: E's requests are not turns of the row's session (an
-    abort of that session, over-sampling's, does not reach them) and do not call the row's prompt hook."""
+    empty.
+
+    The task runs in a fresh ``contextvars.Context``: E's requests are not turns of the row's session and do not call
+    the row's prompt hook. ``abort_with``: the session (``rollout/session.py``) whose abort also cuts E's requests
+    (:data:`~treetune_verl.rollout.session.EVAL_SESSION`): over-sampling drops a group by aborting its session,
+    and its E then ends with it instead of decoding on while the step waits.
+    """
     if uid in tasks or len(prompt_ids) == 0:
         return
-    tasks[uid] = asyncio.get_running_loop().create_task(
-        sample_eval(client, list(prompt_ids), plan), context=contextvars.Context()
-    )
+    context = contextvars.Context()
+    if abort_with is not None:
+        context.run(EVAL_SESSION.set, abort_with)
+    tasks[uid] = asyncio.get_running_loop().create_task(sample_eval(client, list(prompt_ids), plan), context=context)
 
 
 @dataclass(frozen=True)
@@ -196,7 +225,7 @@ class RolloutEval:
 
     def collect(self, prompts: DataProto, output: DataProto) -> tuple[EvalResponses | None, dict[str, float]]:
         """E from the workers' column of ``output`` (both columns leave ``prompts`` and ``output``) and its metrics
-        (:meth:`responses`)."""
+        (:meth:`responses`; the trained uids: those with a row that over-sampling did not abort)."""
         prompts.non_tensor_batch.pop(FORECAST_EVAL_PLAN_KEY)
         # verl copies the prompts' columns into the output (without reward-loop workers, agent_loop.py:833)
         output.non_tensor_batch.pop(FORECAST_EVAL_PLAN_KEY, None)
@@ -206,23 +235,30 @@ class RolloutEval:
             if item is not None:
                 sampled.setdefault(uid, item)
         batch_tokens = int(output.batch["attention_mask"][:, -output.batch["responses"].shape[1] :].sum())
-        return self.responses(sampled, batch_tokens)
+        trained = None  # without over-sampling's column every row trains
+        aborted = output.batch.get(ROLLOUT_ABORTED_KEY, None)
+        if aborted is not None:
+            trained = {uid for uid, cut in zip(row_uids, aborted.tolist(), strict=True) if not cut}
+        return self.responses(sampled, batch_tokens, trained)
 
     def responses(
-        self, sampled: dict[str, SampledEval], batch_tokens: int
+        self, sampled: dict[str, SampledEval], batch_tokens: int, trained: Collection[str] | None = None
     ) -> tuple[EvalResponses | None, dict[str, float]]:
         """E of the uids :meth:`plans` marked, from the workers' ``sampled`` E by uid, and its metrics:
         ``probe/eval_gen_s`` (the longest prompt's E, first request to last response: they overlap the batch's
         rollout) and ``probe/eval_gen_token_share`` (E's tokens over E's and the batch's ``batch_tokens`` response
         tokens). A uid whose E is missing (its first row failed before its prompt was known, or its group was not
-        settled when the step trained) or has an empty response is left out, with a warning; ``None`` when none is
-        left. :attr:`marked` is emptied.
+        settled when the step trained) or has an empty response is left out, with a warning unless ``trained`` (the
+        uids of the step's trained groups, when over-sampling dropped others) leaves it out: a dropped group's E was
+        cut with it (:class:`EvalCut`). ``None`` when none is left. :attr:`marked` is emptied.
         """
         marked, self.marked = self.marked, []
         uids = [u for u in marked if u in sampled and all(len(r) > 0 for r in sampled[u].response_ids)]
-        if len(uids) < len(marked):
-            left_out = sorted(set(marked) - set(uids))
-            logger.warning("entropy forecast: no usable E for uids %s; E has the other prompts", left_out)
+        missing = set(marked) - set(uids)
+        if trained is not None:
+            missing &= set(trained)
+        if missing:
+            logger.warning("entropy forecast: no usable E for uids %s; E has the other prompts", sorted(missing))
         if not uids:
             return None, {}
         eval_tokens = sum(len(r) for u in uids for r in sampled[u].response_ids)

@@ -32,7 +32,7 @@ from verl.workers.rollout.replica import get_rollout_replica_class
 
 from treetune_verl.patching import Replace, is_replaced
 from treetune_verl.rollout.rollout_config import check_rollout_config, support_replay
-from treetune_verl.rollout.session import session_of
+from treetune_verl.rollout.session import is_eval_request, session_of
 from treetune_verl.rollout.token_ledger import TokenLedger
 from treetune_verl.rollout.token_output import ABORTED_STOP_REASON, EntropyTokenOutput, empty_token_output
 from treetune_verl.sglang.engine import install
@@ -191,10 +191,12 @@ class EntropySGLangHttpServer(SGLangHttpServer):
             return self._no_token_output(return_logprob, ABORTED_STOP_REASON, session_aborted=True)
         tap = self._meta_info_tap()
         tap.expect(request_id)
+        started = time.monotonic()
         try:
             output = await super().generate(prompt_ids, sampling_params, request_id, **kwargs)
         except _NoOutputTokens as empty:
             stop_reason = (empty.meta_info["finish_reason"] or {}).get("type")
+            self._log_served(request_id, stop_reason, 0, started)
             self._log_cut(request_id, stop_reason, 0)
             self._count_tokens(request_id, 0)
             return self._no_token_output(
@@ -202,6 +204,7 @@ class EntropySGLangHttpServer(SGLangHttpServer):
             )
         finally:
             meta_info = tap.collect(request_id)
+        self._log_served(request_id, output.stop_reason, len(output.token_ids), started)
         self._log_cut(request_id, output.stop_reason, len(output.token_ids))
         self._count_tokens(request_id, len(output.token_ids))
         entropy = support = None
@@ -230,8 +233,9 @@ class EntropySGLangHttpServer(SGLangHttpServer):
         return EntropyTokenOutput(**fields, entropy=entropy, support=support, session_aborted=session_aborted)
 
     def _count_tokens(self, request_id: str, tokens: int) -> None:
+        """Add a turn's tokens to the ledger (the forecast's E rides along with a session, trains nothing: left out)."""
         session = session_of(request_id)
-        if self._token_ledger is not None and session is not None:
+        if self._token_ledger is not None and session is not None and not is_eval_request(request_id):
             self._token_ledger.add(session, tokens)
 
     async def enable_token_ledger(self) -> None:
@@ -250,6 +254,18 @@ class EntropySGLangHttpServer(SGLangHttpServer):
     async def ledger_sessions(self) -> int:
         """How many sessions the ledger still remembers (0 without it)."""
         return self._token_ledger.sessions() if self._token_ledger is not None else 0
+
+    @staticmethod
+    def _log_served(request_id: str, stop_reason: str | None, tokens: int, started: float) -> None:
+        """Every request's tokens and seconds in this server (DEBUG): across a run's requests of different lengths,
+        the slope of seconds over tokens is a decode step's seconds (issue 49's bench, ``bench_abort_latency.py``)."""
+        logger.debug(
+            "served: request %s, %d tokens in %.4f s, stop %s",
+            request_id,
+            tokens,
+            time.monotonic() - started,
+            stop_reason,
+        )
 
     def _log_cut(self, request_id: str, stop_reason: str | None, tokens: int) -> None:
         """A request of an aborted session, returned: how long after the abort, how many tokens, cut or not (the

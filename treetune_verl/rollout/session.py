@@ -14,15 +14,27 @@ turns of its own trajectory and nothing of another caller or a later step.
 
 A group's rows may share one session (:func:`group_session_id`, derived from the group's ``uid``), so that whoever
 knows the uid can abort all of the group's turns with one prefix, without asking the workers for their sessions.
+
+A request that rides along with a session without being one of its turns (the live forecast's E, sampled for the
+group's prompt) gets :func:`eval_request_id`: the session prefix, then :data:`EVAL_TAG` (not hex, so no turn id
+starts with it), then a fresh hex id. The session's abort cuts it as it cuts the turns; :func:`is_eval_request` tells
+it apart (the servers' token ledger counts turns only).
 """
 
 from __future__ import annotations
 
 import hashlib
+from contextvars import ContextVar
 from uuid import uuid4
 
 SESSION_DELIMITER = ":"
 _SESSION_TAG = "tts-"
+EVAL_TAG = "eval-"  # after a session prefix: a request of the forecast's E, not a turn
+
+# Set in the task of the live forecast's E for one group (``forecast/rollout_eval.py`` ``start_sampling``): the session
+# whose abort also cuts E's requests. Whoever names requests gives E's :func:`eval_request_id` of it (verl 0.9.1:
+# ``verl/v0_9_1/over_sample_worker.py`` SessionLLMServerClient, verl 0.7.1: ``session_server_manager.py``).
+EVAL_SESSION: ContextVar[str | None] = ContextVar("treetune_eval_session", default=None)
 
 
 def new_session_id() -> str:
@@ -37,9 +49,24 @@ def group_session_id(group: str) -> str:
 
 def turn_request_id(session: str) -> str:
     """The request id of one turn of ``session``: the session prefix followed by a fresh hex id."""
+    return f"{_checked(session)}{uuid4().hex}"
+
+
+def eval_request_id(session: str) -> str:
+    """The request id of a request of the forecast's E that ``session``'s abort also cuts (module docstring)."""
+    return f"{_checked(session)}{EVAL_TAG}{uuid4().hex}"
+
+
+def is_eval_request(request_id: str) -> bool:
+    """Whether ``request_id`` was made by :func:`eval_request_id`."""
+    session = session_of(request_id)
+    return session is not None and request_id.startswith(EVAL_TAG, len(session))
+
+
+def _checked(session: str) -> str:
     if not is_session_id(session):
         raise ValueError(f"not a session id: {session!r} (expected {_SESSION_TAG}<hex>{SESSION_DELIMITER})")
-    return f"{session}{uuid4().hex}"
+    return session
 
 
 def is_session_id(session: str) -> bool:

@@ -7,8 +7,9 @@ tokens come back only when the trainer pauses the servers. The tokens a step gen
 next are therefore counted where they are made: each server adds every returned training request's tokens here
 (``rollout/server.py``; a cut turn's partial tokens included, and a sync step's requests never span a weight
 update: the trainer pauses them first), and the trainer reads it after the pause (``verl/v0_9_1/trainer_seams.py``).
-Only session-named requests count (training rows under over-sampling: ``rollout/session.py``); the forecast's E and
-validation send none. A leaf of the rollout layer: imports nothing of the package.
+Only the turns of session-named requests count (training rows under over-sampling: ``rollout/session.py``); the
+forecast's E (named after its group's session so that the group's abort cuts it, ``session.eval_request_id``) is left
+out by the server, and validation sends none. A leaf of the rollout layer: imports nothing of the package.
 """
 
 from __future__ import annotations

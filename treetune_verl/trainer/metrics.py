@@ -123,6 +123,8 @@ CARRY_OVER_METRICS = tuple(
         "tokens_discarded",
         "discarded_share",
         "backlog",
+        "prompt_wait_max",
+        "prompt_wait_bound",
         "rows_restarted_stale",
         "tokens_discarded_stale",
     )

@@ -59,9 +59,9 @@ from treetune_tests.treetune_verl.over_sample_arms import (  # noqa: E402
     run_record,
     write_report,
 )
-from treetune_verl.agent_loop.carry_over import METRIC_PREFIX, CarryOver  # noqa: E402
+from treetune_verl.agent_loop.carry_over import METRIC_PREFIX, BoundedLoader, CarryOver  # noqa: E402
 from treetune_verl.batch_keys import PENDING_METRICS_KEY, ROLLOUT_ABORTED_KEY  # noqa: E402
-from treetune_verl.trainer.features import RunFeatures  # noqa: E402
+from treetune_verl.trainer.features import RunFeatures, completion_target  # noqa: E402
 from treetune_verl.verl.v0_7_1 import trainer_seams  # noqa: E402
 
 
@@ -69,7 +69,7 @@ class DroppedTokens(CarryOver):
     """The arms without carry-over: counts what their aborted rows generated, carries nothing (bench only)."""
 
     def fill_slots(self, batch, step: int) -> None:
-        self._resuming, self._metrics = {}, {}
+        self._resuming, self._metrics = {}, {}  # every step a whole batch: nothing carried, nothing waits
 
     def keep_aborted(self, uids, resumed, records, aborted, failed, trained_tokens, step) -> dict[str, float]:
         discarded = sum(len(record) for record in records if record is not None)
@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         config.actor_rollout_ref.rollout.n = args.n
         config.actor_rollout_ref.rollout.over_sample_rate = args.rate
         config.actor_rollout_ref.rollout.custom.over_sample.max_staleness = args.max_staleness
+        config.data.train_batch_size = args.groups  # the dataloader's batch: a step's groups
     started, runs, rng = time.time(), [], random.Random(args.seed)
 
     def prompts(block: int | str, step: int) -> list[tuple[str, str]]:
@@ -116,8 +117,11 @@ def main(argv: list[str] | None = None) -> int:
         def run(arm: str, stream: list[list[tuple[str, str]]]) -> dict:
             # bench only: one set of servers, workers and counter serves every arm
             manager._over_sample_rate = 0.0 if arm == "stock" else args.rate
-            manager.carry_over = CarryOver(args.max_staleness) if arm == "carry" else DroppedTokens(1)
+            most_carried = args.groups - completion_target(args.rate, args.groups)
+            buffer = CarryOver if arm == "carry" else DroppedTokens
+            manager.carry_over = buffer(args.max_staleness, args.groups, most_carried)
             trainer_seams.install(features, manager.carry_over)  # the seams' buffer is the manager's, as trainer_setup
+            trainer.train_dataloader = BoundedLoader([], manager.carry_over)  # as the fit seam leaves it
             seconds = trained = generated = discarded = 0.0
             for step, plans in enumerate(stream, start=1):
                 trainer.global_steps = step

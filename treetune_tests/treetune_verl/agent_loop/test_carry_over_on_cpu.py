@@ -59,7 +59,7 @@ def _step(carry: CarryOver, names: str, step: int, aborted: str = "", records=No
 
 
 def test_carried_groups_take_the_first_slots_and_no_prompt_is_lost():
-    carry = CarryOver(max_staleness=2)
+    carry = CarryOver(max_staleness=2, slots=4, most_carried=2)
     batch, _, metrics = _step(carry, "ABCD", 1, aborted="CD", records={"C": [_row(4, 1), _row(2, 1, True)]})
     assert list(batch.non_tensor_batch["uid"]) == list("ABCD") and carry.backlog == 0
     # D was cut with no resumable row (a loop that reports no stop reason): carried, its rows restart
@@ -86,7 +86,7 @@ def test_carried_groups_take_the_first_slots_and_no_prompt_is_lost():
 
 
 def test_a_row_past_the_staleness_bound_restarts_and_its_tokens_count_as_discarded():
-    carry = CarryOver(max_staleness=1)
+    carry = CarryOver(max_staleness=1, slots=2, most_carried=1)
     _step(carry, "AB", 1, aborted="B", records={"B": [_row(5, 1), _row(3, 1, True)]})
     _, _, metrics = _step(carry, "CD", 2, aborted="B", records={"B": [_row(7, 1), _row(3, 1, True)]})
     assert carry.carried("B")[0].token_steps == [1] * 7  # resumed at 2, cut again: its tokens keep step 1
@@ -98,7 +98,7 @@ def test_a_row_past_the_staleness_bound_restarts_and_its_tokens_count_as_discard
 
 
 def test_a_group_with_a_failed_row_is_dropped_not_carried():
-    carry = CarryOver(max_staleness=2)
+    carry = CarryOver(max_staleness=2, slots=2, most_carried=1)
     batch = _batch("AB")
     carry.fill_slots(batch, 1)
     uids = np.repeat(batch.non_tensor_batch["uid"], 2)
@@ -130,7 +130,7 @@ def test_carried_row_keeps_each_tokens_step_and_knows_a_cut_row():
 
 
 def test_keep_aborted_without_the_seam_says_so():
-    carry = CarryOver(max_staleness=2)
+    carry = CarryOver(max_staleness=2, slots=2, most_carried=1)
     uids = np.array(["A", "A"], dtype=object)
     records = np.array([_row(2, 1), _row(2, 1)], dtype=object)
     with pytest.raises(RuntimeError, match="_get_gen_batch seam"):
@@ -170,3 +170,64 @@ def test_start_up_checks_of_the_carry_over_keys():
         check_features(_config(carry_over="yes"))
     with pytest.raises(ValueError, match="needs over-sampling"):  # verl 0.9.1 runs it too (its own checks)
         check_current_stack(_config(carry_over=True, rate=0.0), "0.9.1")
+
+
+def test_over_20_steps_the_backlog_stays_bounded_and_every_prompt_of_an_epoch_trains_once():
+    """verl 0.7.1's ``fit`` loop over :class:`BoundedLoader` (verl's ``StatefulDataLoader`` and ``collate_fn`` on 26
+    prompts, batches of 4, ``drop_last`` as verl builds it), 20 steps, each carrying 0 or 1 group at random (over-sampling
+    at 0.25 of 4 groups: ``most_carried`` 1): every step's longest wait is within the bound and the backlog under one
+    batch; no prompt of an epoch is trained (kept) twice, the first epoch's every prompt is; every slot holds a group.
+    Without the bound (verl's loader as it is) the same steps leave the backlog growing past a batch."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    from treetune_verl.agent_loop.carry_over import BoundedLoader, prompt_wait_bound
+
+    slots, most_carried, prompts = 4, 1, 26
+    dataset = [
+        {"input_ids": torch.tensor([i, i]), "index": i, "raw_prompt": [{"role": "user", "content": str(i)}]}
+        for i in range(prompts)
+    ]
+
+    def run(bounded: bool) -> tuple[list[dict], list[int], CarryOver]:
+        carry = CarryOver(max_staleness=3, slots=slots, most_carried=most_carried)
+        loader = StatefulDataLoader(dataset, batch_size=slots, drop_last=True, collate_fn=collate_fn)
+        loader = BoundedLoader(loader, carry) if bounded else loader
+        rng, kept, metrics, step = np.random.default_rng(7), [], [], 0
+        for epoch in range(10):
+            for batch_dict in loader:  # fit's loop
+                step += 1
+                batch = DataProto.from_single_dict(batch_dict)
+                # fit's fresh uids (here naming the draw's epoch and the prompt; the backlog's keep theirs)
+                batch.non_tensor_batch["uid"] = np.array(
+                    [f"{epoch}:{i}:{step}" for i in batch.non_tensor_batch["index"]], dtype=object
+                )
+                carry.fill_slots(batch, step)
+                groups = list(batch.non_tensor_batch["uid"])
+                uids = np.repeat(batch.non_tensor_batch["uid"], 2)
+                cut_groups = set(rng.choice(groups, size=rng.integers(0, most_carried + 1), replace=False))
+                cut = np.array([uid in cut_groups for uid in uids])
+                records = np.array([_row(2, step) if c else None for c in cut], dtype=object)
+                resumed = carry.resume_column(uids)
+                metrics.append(
+                    carry.keep_aborted(uids, resumed, records, cut, np.zeros_like(cut), np.where(cut, 0, 3), step)
+                )
+                kept += [tuple(int(part) for part in uid.split(":")[:2]) for uid in groups if uid not in cut_groups]
+                if step == 20:
+                    return metrics, kept, carry
+        raise AssertionError("fewer than 20 steps in 10 epochs")
+
+    metrics, kept, carry = run(bounded=True)
+    bound = prompt_wait_bound(slots, most_carried)
+    assert bound == 2
+    assert all(m[PREFIX + "prompt_wait_max"] <= bound and m[PREFIX + "prompt_wait_bound"] == bound for m in metrics)
+    assert max(m[PREFIX + "backlog"] for m in metrics) < slots
+    assert max(m[PREFIX + "prompt_wait_max"] for m in metrics) >= 1  # the bound is not vacuous: prompts did wait
+    # 24 prompts per epoch (drop_last: 26 // 4 batches of 4): each kept at most once per epoch, the first epoch whole
+    assert len(set(kept)) == len(kept)
+    assert sorted(index for epoch, index in kept if epoch == 0) == list(range(prompts // slots * slots))
+    # every slot of every step held a group, kept or carried into the next step
+    assert len(kept) == 20 * slots - sum(m[PREFIX + "groups_carried"] for m in metrics)
+
+    unbounded, _, _ = run(bounded=False)
+    assert [m[PREFIX + "backlog"] for m in unbounded][-1] > slots  # grows by the carried groups at every step

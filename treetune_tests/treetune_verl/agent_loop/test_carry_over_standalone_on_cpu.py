@@ -45,6 +45,7 @@ from treetune_tests.treetune_verl.agent_loop.standalone import (
     standalone_config,
     teacher_forced,
 )
+from treetune_verl.agent_loop.carry_over import BoundedLoader
 from treetune_verl.batch_keys import PENDING_METRICS_KEY, ROLLOUT_ABORTED_KEY, ROLLOUT_RESUMED_TOKENS_KEY
 from treetune_verl.config import AGENT_LOOPS_YAML
 from treetune_verl.verl import EntropyAgentLoopManager
@@ -110,6 +111,7 @@ def _carry_config(model_path, workdir):
         rollout.n = N
         rollout.over_sample_rate = 0.5
         rollout.custom.over_sample = {"carry_over": True, "max_staleness": 1}
+        config.data.train_batch_size = 4  # the dataloader's batch: a step's groups (the carry-over buffer's slots)
         rollout.agent.agent_loop_config_path = str(workdir / "loops.yaml")
         config.algorithm.adv_estimator = "grpo"
         config.algorithm.rollout_correction.rollout_is = "token"
@@ -136,8 +138,11 @@ def test_carried_rows_resume_under_new_weights_with_each_tokens_own_log_prob(tin
         manager = EntropyAgentLoopManager.create(config)
         [replica] = manager.rollout_replicas
         session.track(*replica.workers, *replica.servers, *manager.agent_loop_workers)
-        trainer = SimpleNamespace(async_rollout_manager=manager, global_steps=0)
         carry = manager.carry_over
+        # the dataloader as verl's fit sees it through our fit seam (the batches below are handed in directly)
+        trainer = SimpleNamespace(
+            async_rollout_manager=manager, global_steps=0, train_dataloader=BoundedLoader([], carry)
+        )
 
         uids1, out1 = _generate(manager, trainer, "ABCD", global_steps=1)
         carried = {g: carry.carried(g) for g in "ABCD"}

@@ -27,7 +27,7 @@ from treetune_verl.agent_loop.over_sample import (
     StepCounter,
     group_sizes,
 )
-from treetune_verl.rollout.session import new_session_id
+from treetune_verl.rollout.session import group_session_id, new_session_id
 from treetune_verl.trainer.features import RunFeatures, check_over_sample_config, completion_target, over_sample_rate
 from treetune_verl.trainer.metrics import ABORT_METRICS, batch_abort_metrics, score_metrics
 from treetune_verl.verl.v0_7_1.trainer_seams import _wrap_extract_reward
@@ -201,6 +201,25 @@ async def test_two_workers_keep_whole_groups_split_between_them_on_the_real_acto
     assert await counter.end.remote("step") == 8
 
 
+async def test_the_forecasts_e_of_a_dropped_group_is_aborted_with_it_and_a_kept_groups_is_not(local_ray):
+    """E of a group runs under the group's session (``eval_session``); at the target the step aborts it only for the
+    groups it drops (a kept group's E must finish: the forecast trains on it), and a group whose first turn comes
+    after the target gets no E."""
+    counter = CompletionCounter.remote()
+    await counter.begin.remote("e", 1, {"kept": 1, "dropped": 1})
+    servers, step = _RecordingServers(), OverSampleStep(counter, "e")
+    watcher = asyncio.create_task(step.abort_when_target_reached(servers))
+    rows = {group: new_session_id() for group in ("kept", "dropped")}
+    for session in rows.values():
+        step.open(session)
+    assert {group: step.eval_session(group) for group in rows} == {group: group_session_id(group) for group in rows}
+    assert await step.settle(rows["kept"], "kept") is True
+    await asyncio.wait_for(watcher, 10)
+    assert servers.aborted == [rows["dropped"], group_session_id("dropped")] == step.aborted_sessions
+    assert step.eval_session("late") is None
+    assert await counter.kept_groups.remote("e") == ["kept"] and await counter.end.remote("e") == 1
+
+
 async def test_more_waiting_rows_than_rays_default_concurrency_on_the_real_actor(local_ray):
     """1500 groups of 2: the first row of every group waits at the actor before any second row arrives (1500 waiting
     calls, over Ray's default of 1000 for an async actor, which would queue the completing rows behind them)."""
@@ -230,8 +249,9 @@ async def test_ending_a_step_wakes_its_waiters_when_the_target_was_not_reached(l
     assert await asyncio.wait_for(waiting, 10) is True and await counter.end.remote("full") == 1
 
 
+@pytest.mark.parametrize("eval_tail_s", [0.0, 0.8])
 async def test_the_managers_over_sampling_cost_is_the_steps_wait_after_the_target_and_the_workers_cpu(
-    local_ray, monkeypatch
+    local_ray, monkeypatch, eval_tail_s
 ):
     """Issue 49's stand-in on verl 0.7.1: the manager's real ``generate_sequences`` around stand-in workers whose
     times are known. They generate 0.3 s before the target (verl's time), settle the kept group at the real counter,
@@ -240,7 +260,12 @@ async def test_the_managers_over_sampling_cost_is_the_steps_wait_after_the_targe
 
     ``rollout/abort_wait_s`` is the known wait, ``timing_s/treetune/over_sampling`` the step's wall time on our code
     (the test's own clock: the call's wall less the stand-in's time before the target) and ``cpu_s`` the work, each
-    within 10 % (20 ms floor). The old definition gave the worker's summed awaits instead."""
+    within 10 % (20 ms floor). The old definition gave the worker's summed awaits instead.
+
+    ``eval_tail_s`` > 0: the stand-in's rows have settled at the end of the wait (it says when, as the forecast's
+    worker does, ``ROWS_SETTLED_AT_KEY``) and it waits that much longer for the forecast's E of a kept group: the abort
+    wait ends where the rows settled, and over-sampling's share of the step's wall leaves the E tail out (it is the
+    forecast's: the step waits for E of its kept groups with or without over-sampling)."""
     from verl.experimental.agent_loop.agent_loop import AgentLoopManager
 
     from treetune_verl import timing
@@ -250,6 +275,7 @@ async def test_the_managers_over_sampling_cost_is_the_steps_wait_after_the_targe
         ROLLOUT_ABORTED_KEY,
         ROLLOUT_ABORTED_TOKENS_KEY,
         ROLLOUT_FAILED_KEY,
+        ROWS_SETTLED_AT_KEY,
         TIMING_KEY,
     )
     from treetune_verl.verl import EntropyAgentLoopManager
@@ -272,12 +298,16 @@ async def test_the_managers_over_sampling_cost_is_the_steps_wait_after_the_targe
             burn_cpu(work_s)
         shipped = np.array([worker_seconds.take().cpu, None, None, None], dtype=object)
         truth["end"] = time.perf_counter()
+        non_tensors = {TIMING_KEY: shipped}
+        if eval_tail_s:
+            non_tensors[ROWS_SETTLED_AT_KEY] = np.array([time.time(), None, None, None], dtype=object)
+            await asyncio.sleep(eval_tail_s)  # the forecast's E of a kept group still decoding
         columns = {
             ROLLOUT_ABORTED_KEY: torch.tensor([False, False, True, True]),
             ROLLOUT_FAILED_KEY: torch.zeros(4, dtype=torch.bool),
             ROLLOUT_ABORTED_TOKENS_KEY: torch.tensor([0, 0, 4, 9]),
         }
-        return DataProto.from_dict(tensors=columns, non_tensors={TIMING_KEY: shipped})
+        return DataProto.from_dict(tensors=columns, non_tensors=non_tensors)
 
     monkeypatch.setattr(AgentLoopManager, "generate_sequences", workers)
     manager = object.__new__(EntropyAgentLoopManager)  # no servers: the stand-in is the workers
@@ -294,12 +324,14 @@ async def test_the_managers_over_sampling_cost_is_the_steps_wait_after_the_targe
     wall = time.perf_counter() - start
     metrics = timing.step_metrics(seconds.take(), step_s=None)
     abort_wait = output.meta_info[PENDING_METRICS_KEY]["rollout/abort_wait_s"]
-    on_our_code = wall - (truth["reached"] - truth["workers_start"])  # the call's wall less verl's generation
+    # the call's wall less verl's generation and the forecast's E tail
+    on_our_code = wall - (truth["reached"] - truth["workers_start"]) - eval_tail_s
 
     assert close(abort_wait, truth["end"] - truth["reached"]) and abort_wait >= wait_s
     assert close(metrics["timing_s/treetune/over_sampling"], on_our_code)
     assert close(metrics["cpu_s/treetune/over_sampling"], work_s)
     assert TIMING_KEY not in output.non_tensor_batch and ROLLOUT_ABORTED_TOKENS_KEY not in set(output.batch.keys())
+    assert ROWS_SETTLED_AT_KEY not in output.non_tensor_batch
     pending = output.meta_info[PENDING_METRICS_KEY]
     assert {key: pending[key] for key in ABORT_METRICS if key != "rollout/abort_wait_s"} == {
         "rollout/kept_groups": 1.0,

@@ -171,7 +171,7 @@ def _v1_call(manager, prompts: int, n: int, round_: int) -> tuple[float, dict[st
     metrics = {}
     if manager.rollout_eval is not None:
         tokens = sum(int(listed[key]["response_len"]) for key in rows)
-        _, metrics = take_rollout_eval(manager.rollout_eval, tokens)
+        _, metrics = take_rollout_eval(manager.rollout_eval, tokens, set(uids))  # every group trains (no over-sampling)
     tq.kv_clear(keys=list(listed), partition_id="train")
     return seconds, metrics
 

@@ -19,7 +19,7 @@ from uuid import uuid4
 import pytest
 
 from treetune_tests.treetune_verl.rollout.server_helpers import make_server, server_config, stop_server
-from treetune_verl.rollout.session import new_session_id, turn_request_id
+from treetune_verl.rollout.session import eval_request_id, new_session_id, turn_request_id
 from treetune_verl.sglang.config import INTERNAL_STATE_KEY
 
 pytest.importorskip("uvicorn", reason="sglang's http_server (imported by verl's server) needs uvicorn")
@@ -129,6 +129,32 @@ async def test_abort_sessions_cuts_exactly_the_named_trajectories(tiny_model_dir
     assert a_out.session_aborted and b_out.session_aborted and again.session_aborted
     assert not any(out.session_aborted for out in (other_out, later_out, after, first, full))
     assert entropy_requests == 0  # no entropy state of an aborted request left in the scheduler
+
+
+@pytest.mark.engine
+async def test_the_forecasts_e_is_cut_by_its_groups_abort_and_is_no_turn_of_the_ledger(tiny_model_dir, isolated_env):
+    """A request of the forecast's E named after a group's session (``session.eval_request_id``) is cut by that
+    session's abort like the group's turns, and the token ledger (carry-over) counts the turns' tokens only."""
+    server = _server(tiny_model_dir)
+    group = new_session_id()
+    try:
+        await server.launch_server()
+        await server.enable_token_ledger()
+        turn = await server.generate(PROMPT, {**LONG, "max_new_tokens": 4}, turn_request_id(group))
+        e = asyncio.create_task(server.generate(PROMPT, dict(LONG), eval_request_id(group)))
+        await _until(lambda: _entropy_requests_at_least(server, 1), "E's request admitted")
+        await asyncio.sleep(0.3)  # E decodes (the tiny model: ~100 of its 900 tokens), so the ledger would see them
+        await server.abort_sessions([group])
+        e_out = await asyncio.wait_for(e, timeout=30)
+        generated = await server.generated_tokens()
+        in_session = await server.session_tokens([group], forget=True)
+        await server.forget_sessions([group])
+    finally:
+        await stop_server(server)
+
+    assert e_out.stop_reason == "abort" and e_out.session_aborted and 0 < len(e_out.token_ids) < RESPONSE_LENGTH
+    _well_formed(e_out)
+    assert len(turn.token_ids) == 4 and generated == in_session == 4  # E's tokens are not the group's
 
 
 async def test_abort_sessions_refuses_a_request_id(tiny_model_dir, isolated_env):

@@ -9,7 +9,9 @@ from uuid import uuid4
 import pytest
 
 from treetune_verl.rollout.session import (
+    eval_request_id,
     group_session_id,
+    is_eval_request,
     is_session_id,
     new_session_id,
     session_of,
@@ -60,3 +62,19 @@ def test_a_group_session_is_the_same_in_every_process_and_matches_its_group_only
         turn = turn_request_id(session)
         assert session_of(turn) == session
         assert [_scheduler_matches(other, turn) for other in sessions].count(True) == 1
+
+
+def test_es_requests_ride_with_a_session_and_are_told_apart_from_its_turns():
+    """The forecast's E of a group is cut by the group's abort (the scheduler's prefix rule) but is none of its turns
+    (the token ledger counts turns only)."""
+    session, other = group_session_id("u"), group_session_id("v")
+    evals = [eval_request_id(session) for _ in range(100)]
+    turns = [turn_request_id(session) for _ in range(1000)]
+    assert len(set(evals)) == 100
+    for rid in evals:
+        assert session_of(rid) == session and is_eval_request(rid)
+        assert _scheduler_matches(session, rid) and not _scheduler_matches(other, rid)
+    assert not any(is_eval_request(rid) for rid in turns)  # a turn's id is hex after the prefix: never "eval-"
+    assert not is_eval_request(uuid4().hex) and not is_eval_request("eval-" + uuid4().hex)
+    with pytest.raises(ValueError, match="not a session id"):
+        eval_request_id("u")

@@ -43,9 +43,10 @@ from treetune_verl.batch_keys import (
     ROLLOUT_ENTROPY_KEY,
     ROLLOUT_FAILED_KEY,
     ROLLOUT_RESUMED_TOKENS_KEY,
+    ROWS_SETTLED_AT_KEY,
     TIMING_KEY,
 )
-from treetune_verl.forecast.rollout_eval import RolloutEval
+from treetune_verl.forecast.rollout_eval import EVAL_WAIT_METRIC, RolloutEval
 from treetune_verl.ppo import advantage  # noqa: F401  (registers grpo_valid / rloo_valid in the trainer's process)
 from treetune_verl.rollout.rollout_config import CONFIG_PATH, check_rollout_config
 from treetune_verl.timing import OVER_SAMPLING, ROLLOUT_ENTROPY, SECONDS
@@ -153,12 +154,16 @@ class EntropyAgentLoopManager(AgentLoopManager):
         try:
             output = await super().generate_sequences(prompts)
         finally:
+            end, end_wall = time.perf_counter(), time.time()
             if step is not None:
-                end = time.perf_counter()
                 prompts.meta_info.pop(OVER_SAMPLE_META_KEY, None)
                 await self._completion_counter.end.remote(step)  # wakes the wait below if the target was not reached
                 reached_at = await reached
                 SECONDS.waited(OVER_SAMPLING, time.perf_counter() - end)
+        # when the last worker's rows had settled (time.time(), one clock on one machine); after it, the step waited
+        # for the forecast's E of the kept groups (forecast_eval_worker.py)
+        settled_at = [at for at in output.non_tensor_batch.pop(ROWS_SETTLED_AT_KEY, []) if at is not None]
+        rows_end = min(max(settled_at), end_wall) if settled_at else end_wall
         abort_metrics, carry_metrics = {}, {}
         aborted_tokens = output.batch.pop(ROLLOUT_ABORTED_TOKENS_KEY, None)  # the worker's, for the metrics only
         if step is not None:
@@ -175,7 +180,7 @@ class EntropyAgentLoopManager(AgentLoopManager):
                     carried = np.array([self.carry_over.carried(str(uid)) is not None for uid in uids])
             # target reached -> every worker's rows settled (aborted ones cut, forgotten): the step waiting on the
             # abort, as verl 0.9.1's replay buffer measures it (over_sample_sampler.py)
-            abort_wait = max(0.0, end - reached_at) if reached_at is not None else 0.0
+            abort_wait = max(0.0, rows_end - reached_at) if reached_at is not None else 0.0
             SECONDS.waited(OVER_SAMPLING, abort_wait)
             with SECONDS.timed(OVER_SAMPLING):
                 # aborted = dropped, as on verl 0.9.1: a carried group's rows are the carry-over metrics' (their empty
@@ -206,6 +211,7 @@ class EntropyAgentLoopManager(AgentLoopManager):
             if eval_due:
                 output.meta_info[FORECAST_EVAL_META_KEY], eval_metrics = self.rollout_eval.collect(prompts, output)
                 pending.update(eval_metrics)
+                pending[EVAL_WAIT_METRIC] = end_wall - rows_end  # the step's wait for E once every row was settled
             elif self.rollout_eval is not None:
                 output.meta_info[FORECAST_EVAL_META_KEY] = None  # the actor follows the rollout: no forecast
         return output
@@ -228,10 +234,10 @@ class EntropyAgentLoopManager(AgentLoopManager):
         )
 
     async def _target_reached_at(self, step: str) -> float | None:
-        """When ``step``'s target was reached (``time.perf_counter`` of this process), or ``None`` if the step ended
-        first (failures left fewer whole groups than the target)."""
+        """When ``step``'s target was reached (``time.time()``: the workers' clock too), or ``None`` if the step
+        ended first (failures left fewer whole groups than the target)."""
         reached = await self._completion_counter.wait.remote(step)
-        return time.perf_counter() if reached else None
+        return time.time() if reached else None
 
     async def _begin_over_sample(self, prompts: DataProto) -> str:
         """Start a step at the counter and put its plan into ``prompts.meta_info`` for the workers; its key.

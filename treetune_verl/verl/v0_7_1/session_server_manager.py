@@ -26,7 +26,7 @@ from verl.experimental.agent_loop.agent_loop import AsyncLLMServerManager
 from verl.utils.rollout_trace import rollout_trace_op
 
 from treetune_verl.agent_loop.trajectory import CURRENT_TRAJECTORY, PROMPT_HOOK
-from treetune_verl.rollout.session import turn_request_id
+from treetune_verl.rollout.session import EVAL_SESSION, eval_request_id, turn_request_id
 from treetune_verl.rollout.token_output import ABORTED_STOP_REASON, empty_token_output
 
 
@@ -58,7 +58,7 @@ class SessionServerManager(AsyncLLMServerManager):
         trajectory = CURRENT_TRAJECTORY.get()
         if trajectory is not None and trajectory.step is not None and trajectory.step.target_reached:
             return empty_token_output(bool(sampling_params.get("logprobs", False)), ABORTED_STOP_REASON)
-        turn_id = turn_request_id(trajectory.session) if trajectory is not None else uuid4().hex
+        turn_id = turn_request_id(trajectory.session) if trajectory is not None else _untracked_request_id()
         server_id, server = await self._acquire_server(request_id)
         try:
             return await server.generate.remote(
@@ -80,3 +80,10 @@ class SessionServerManager(AsyncLLMServerManager):
 
     def _servers(self) -> list[Any]:
         return list(self._server_id_to_handle.values())
+
+
+def _untracked_request_id() -> str:
+    """The id of a request outside any trajectory: the forecast's E of a group (cut by that group's abort,
+    ``session.EVAL_SESSION``), else a fresh one."""
+    eval_session = EVAL_SESSION.get()
+    return eval_request_id(eval_session) if eval_session is not None else uuid4().hex

@@ -10,6 +10,9 @@ verl's version and the exact signature; ``ray_trainer.py`` of verl 0.7.1):
 ==============================================  =================================================================
 seam                                            what runs after verl's own, in order
 ==============================================  =================================================================
+``RayPPOTrainer.fit`` (``:1230``)               1. carry-over, *before* verl's own: the training dataloader
+                                                   drawn only when the backlog cannot fill a step
+                                                   (``agent_loop/carry_over.py`` ``BoundedLoader``)
 ``RayPPOTrainer._get_gen_batch`` (``:478``)     1. carry-over, *before* verl's own and in training batches only:
                                                    carried groups and waiting prompts take their slots
                                                    (``agent_loop/carry_over.py`` ``CarryOver.fill_slots``)
@@ -53,7 +56,7 @@ from typing import Any
 
 import torch
 
-from treetune_verl.agent_loop.carry_over import CarryOver
+from treetune_verl.agent_loop.carry_over import BoundedLoader, CarryOver
 from treetune_verl.batch_keys import (
     HAS_ROLLOUT_ENTROPY_KEY,
     PENDING_METRICS_KEY,
@@ -89,6 +92,7 @@ _COMPUTE_ADVANTAGE_PARAMS = ("data", "adv_estimator", "gamma", "lam", "num_repea
 _COMPUTE_TIMING_METRICS_PARAMS = ("batch", "timing_raw")
 _GET_GEN_BATCH_PARAMS = ("self", "batch")
 _CHECKPOINT_PARAMS = ("self",)
+_FIT_PARAMS = ("self",)
 CARRY_OVER_STATE_FILE = "treetune_carry_over.pt"  # in verl's global_step_<k> folder, next to its data.pt
 _VALIDATE_PARAMS = ("self", "merged")
 
@@ -213,11 +217,27 @@ def _wrap_compute_timing_metrics(original):
     return compute_timing_metrics
 
 
+def _wrap_fit(original):
+    def fit(self):
+        # 1. carry-over: the dataloader drawn only when the backlog cannot fill a step (a bounded backlog)
+        if _CARRY_OVER is not None and not isinstance(self.train_dataloader, BoundedLoader):
+            self.train_dataloader = BoundedLoader(self.train_dataloader, _CARRY_OVER)
+        return original(self)
+
+    return fit
+
+
 def _wrap_get_gen_batch(original):
     def _get_gen_batch(self, batch):
         # 1. carry-over: the groups carried from the last step and the prompts they displaced take their slots
         carry_over = _CARRY_OVER
         if carry_over is not None and not _VALIDATING.get():
+            if not isinstance(self.train_dataloader, BoundedLoader):
+                raise RuntimeError(
+                    f"carry-over: the trainer's dataloader is {type(self.train_dataloader).__qualname__}, not "
+                    "carry_over.BoundedLoader: a fit other than RayPPOTrainer.fit (whose seam installs it) would let "
+                    "the prompt backlog grow by the carried groups at every step"
+                )
             with SECONDS.timed(OVER_SAMPLING):
                 carry_over.fill_slots(batch, self.global_steps)
         return original(self, batch)
@@ -301,6 +321,7 @@ def install(features: RunFeatures, carry_over: CarryOver | None = None) -> None:
     VERL.require("trainer hooks")
     trainer = ray_trainer.RayPPOTrainer
     VERL.wrap(
+        Wrap(trainer, "fit", _wrap_fit, _FIT_PARAMS),
         Wrap(trainer, "_get_gen_batch", _wrap_get_gen_batch, _GET_GEN_BATCH_PARAMS),
         Wrap(trainer, "_validate", _wrap_validate, _VALIDATE_PARAMS),
         Wrap(trainer, "_save_checkpoint", _wrap_save_checkpoint, _CHECKPOINT_PARAMS),

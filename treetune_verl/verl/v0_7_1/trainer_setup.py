@@ -24,6 +24,7 @@ from treetune_verl.trainer.features import (
     WORKER_IMPL_KEY,
     RunFeatures,
     check_features,
+    completion_target,
     has_process_setup,
 )
 from treetune_verl.verl.v0_7_1 import trainer_seams
@@ -54,6 +55,11 @@ def install(config: Any) -> TrainerRun:
             f"{PROCESS_SETUP_MODULE} (or custom.{ENTROPY_SECTION}.replay=false)"
         )
     features = check_features(config, rollout_entropy=True)
-    carry_over = CarryOver(features.max_staleness) if features.carry_over else None
+    carry_over = None
+    if features.carry_over:
+        # verl 0.7.1's dataloader batch (ray_trainer._create_dataloader): the groups of every step
+        slots = int(config.data.get("gen_batch_size", config.data.train_batch_size))
+        most_carried = slots - completion_target(features.over_sample_rate, slots)
+        carry_over = CarryOver(features.max_staleness, slots, most_carried)
     trainer_seams.install(features, carry_over)
     return TrainerRun(features, carry_over)

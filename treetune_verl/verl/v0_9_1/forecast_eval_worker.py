@@ -16,8 +16,10 @@ in ``_agent_loop_postprocess``; the uid's status becomes ``finished`` once every
   (``verl/v0_9_1/rollout_eval.py``) before its row, so a finished uid has its E there. E failing costs the forecast
   that prompt (a warning), not the row; a session that raises leaves no request of E behind.
 
-E's requests are not turns of session 0 (a fresh context: ``rollout_eval.start_sampling``), so over-sampling's abort
-of the uid's group does not reach them.
+E's requests are not turns of session 0 (a fresh context: ``rollout_eval.start_sampling``) but are named after the
+uid's group session (``session.eval_request_id``), so over-sampling's abort of the group cuts them with its rows: a
+dropped group's E is left out (``EvalCut``) instead of holding the group, and the step after the target, until it
+decodes to its end (issue 49's bench: 0.8-0.9 s of the abort wait on SmolLM2). E of a kept group is whole.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from typing import Any
 
 from treetune_verl.agent_loop.trajectory import PROMPT_HOOK
 from treetune_verl.batch_keys import FORECAST_EVAL_PLAN_KEY
-from treetune_verl.forecast.rollout_eval import EvalPlan, start_sampling
+from treetune_verl.forecast.rollout_eval import EvalCut, EvalPlan, start_sampling
+from treetune_verl.rollout.session import group_session_id
 from treetune_verl.verl.v0_9_1.rollout_eval import put_sampled
 from treetune_verl.verl_guard import VERL_CURRENT
 
@@ -93,14 +96,19 @@ class ForecastEvalWorkerTQ(SessionRowsWorkerTQ):
         return await super()._agent_loop_postprocess(output, validate, **kwargs)
 
     def _start_eval(self, uid: str, prompt_ids: list[int], plan: EvalPlan) -> None:
-        start_sampling(self._eval_tasks, uid, prompt_ids, plan, self.llm_client)
+        start_sampling(self._eval_tasks, uid, prompt_ids, plan, self.llm_client, abort_with=group_session_id(uid))
 
     async def _put_eval(self, uid: str) -> None:
-        """Wait for ``uid``'s E and put it into TransferQueue; E failing is logged, and the row goes on."""
+        """Wait for ``uid``'s E and put it into TransferQueue; E cut by its group's abort is left out, E failing is
+        logged, and the row goes on."""
         task = self._eval_tasks.pop(uid, None)
         if task is None:
             return
         try:
             await put_sampled(uid, await task)
+        except EvalCut:
+            logger.info(
+                "entropy forecast: E of uid %s was cut with its dropped group; the forecast goes without it", uid
+            )
         except Exception:
             logger.warning("entropy forecast: E of uid %s failed; the forecast goes without it", uid, exc_info=True)

@@ -68,11 +68,15 @@ VERL_CURRENT.require("V1 over-sampling replay buffer")  # verl 0.7.1 over-sample
 
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer  # noqa: E402
 
-__all__ = ["OverSampleReplayBuffer", "POLL_S"]
+__all__ = ["ABORT_POLL_S", "OverSampleReplayBuffer", "POLL_S"]
 
 # verl polls TransferQueue every 2 s; the step's tail is what over-sampling cuts, so it looks more often (one
 # metadata listing per poll, no row data).
 POLL_S = 0.1
+# After the abort the step waits for the aborted groups alone, and each arrives about one decode step (~0.1 s with
+# SmolLM2 on CPU) after the abort: at POLL_S the wait rounded up to the next 0.1 s (issue 49's bench: 2 polls, 0.2 s,
+# for requests back after 0.12 s). A listing costs ~1 ms of the trainer's CPU, and the phase lasts a decode step or two.
+ABORT_POLL_S = 0.01
 logger = logging.getLogger(__name__)
 CARRY_PREFIX = "rollout/carry_over/"  # the pinned stack's names (agent_loop/carry_over.py)
 
@@ -95,13 +99,21 @@ class OverSampleReplayBuffer(ReplayBuffer):
         ValueError: a trainer mode other than ``sync`` (an async trainer's buffer keeps groups across steps).
     """
 
-    def __init__(self, trainer_mode: str, *args: Any, poll_interval: float = POLL_S, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        trainer_mode: str,
+        *args: Any,
+        poll_interval: float = POLL_S,
+        abort_poll_interval: float = ABORT_POLL_S,
+        **kwargs: Any,
+    ) -> None:
         if trainer_mode != "sync":
             raise ValueError(
                 f"over-sampling's replay buffer ({SAMPLER_NAME}) runs in trainer.v1.trainer_mode=sync; got "
                 f"{trainer_mode!r}"
             )
         super().__init__(trainer_mode, *args, poll_interval=poll_interval, **kwargs)
+        self.abort_poll_interval = abort_poll_interval  # between listings while aborted groups settle
         self.features: RunFeatures | None = None  # read from the servers' config at the first sample
         self.carried = 0  # groups left running by the last training step (carry-over), for the next dispatch
         self._target: int | None = None  # groups to keep, during an over-sampled step's sample
@@ -227,7 +239,11 @@ class OverSampleReplayBuffer(ReplayBuffer):
             f"{CARRY_PREFIX}tokens_discarded": discarded,
             f"{CARRY_PREFIX}tokens_discarded_stale": discarded_stale,
             f"{CARRY_PREFIX}rows_restarted_stale": 0,  # a stale group is dropped whole here, never restarted
-            f"{CARRY_PREFIX}backlog": 0,  # the trainer dispatches train_batch_size - carried fresh prompts: none waits
+            # the trainer dispatches train_batch_size - carried fresh prompts (trainer_seams.py prepare_step): a drawn
+            # prompt goes out in the step that drew it, none waits
+            f"{CARRY_PREFIX}backlog": 0,
+            f"{CARRY_PREFIX}prompt_wait_max": 0,
+            f"{CARRY_PREFIX}prompt_wait_bound": 0,
         }
 
     def finish_carry_metrics(self) -> None:
@@ -310,7 +326,7 @@ class OverSampleReplayBuffer(ReplayBuffer):
         stamps.append(time.perf_counter())
         polls = 0
         while self._open_groups(partition_id) & groups:
-            time.sleep(self.poll_interval)
+            time.sleep(self.abort_poll_interval)
             self._sync_metadata_from_transfer_queue()
             polls += 1
         stamps.append(time.perf_counter())

@@ -12,7 +12,8 @@ that a group's requests can be aborted knowing only the group's ``uid``. Here:
 - :class:`SessionLLMServerClient` (verl's ``LLMServerClient``) sends each turn of such a row with the request id
   ``<group session><hex>`` (``_vllm_request_id``, the method verl keeps for choosing the id a turn is sent with;
   by default a fresh ``uuid4().hex``), so the entropy server's ``abort_sessions`` cuts all of the group's turns, queued
-  or running, and answers its later turns at once, empty.
+  or running, and answers its later turns at once, empty; the forecast's E of the group (sent under
+  :data:`~treetune_verl.rollout.session.EVAL_SESSION`) gets ``<group session>eval-<hex>`` and is cut with them.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from treetune_verl.agent_loop.trajectory import CURRENT_TRAJECTORY, PROMPT_HOOK, Trajectory
-from treetune_verl.rollout.session import group_session_id, turn_request_id
+from treetune_verl.rollout.session import EVAL_SESSION, eval_request_id, group_session_id, turn_request_id
 from treetune_verl.trainer.features import RunFeatures
 from treetune_verl.verl_guard import VERL_CURRENT
 
@@ -49,9 +50,12 @@ class SessionLLMServerClient(LLMServerClient):
 
     def _vllm_request_id(self, request_id: str) -> str:
         trajectory = CURRENT_TRAJECTORY.get()
-        if trajectory is None:
-            return super()._vllm_request_id(request_id)
-        return turn_request_id(trajectory.session)
+        if trajectory is not None:
+            return turn_request_id(trajectory.session)
+        eval_session = EVAL_SESSION.get()  # the forecast's E of a group: cut by the group's abort
+        if eval_session is not None:
+            return eval_request_id(eval_session)
+        return super()._vllm_request_id(request_id)
 
 
 # verl 0.9.1 workers/rollout/llm_server.py LLMServerClient.__init__: what verl builds its client from.

@@ -29,10 +29,13 @@ async def put_sampled(uid: str, sampled: SampledEval) -> None:
     await tq.async_kv_put(key=uid, partition_id=EVAL_PARTITION, fields=fields)
 
 
-def take_rollout_eval(rollout_eval: RolloutEval, batch_tokens: int) -> tuple[EvalResponses | None, dict[str, float]]:
+def take_rollout_eval(
+    rollout_eval: RolloutEval, batch_tokens: int, trained: set[str]
+) -> tuple[EvalResponses | None, dict[str, float]]:
     """E of the uids ``rollout_eval`` marked at this step (:meth:`RolloutEval.responses`: a uid whose E is not in the
-    partition is left out) and its metrics (``batch_tokens``: the step's response tokens); every E in the partition
-    is removed (one that a dropped or carried group put late, at an earlier step, included)."""
+    partition is left out, with a warning if it is one of the ``trained`` uids) and its metrics (``batch_tokens``: the
+    step's response tokens); every E in the partition is removed (one that a carried group put late, at an earlier
+    step, included)."""
     import transfer_queue as tq
 
     present = list(tq.kv_list(partition_id=EVAL_PARTITION).get(EVAL_PARTITION, {}))
@@ -44,4 +47,4 @@ def take_rollout_eval(rollout_eval: RolloutEval, batch_tokens: int) -> tuple[Eva
         sampled = {uid: SampledEval.from_record(record) for uid, record in zip(wanted, records, strict=True)}
     if present:
         tq.kv_clear(keys=present, partition_id=EVAL_PARTITION)
-    return rollout_eval.responses(sampled, batch_tokens)
+    return rollout_eval.responses(sampled, batch_tokens, trained)

@@ -359,13 +359,20 @@ def response_tokens(batch: Any) -> int:
     return sum(int(tag[RESPONSE_LEN_TAG]) for tag in batch.tags if not tag.get(PADDING_TAG, False))
 
 
+def trained_uids(batch: Any) -> set[str]:
+    """The uids of the step's rows (``KVBatchMeta``: keys ``<uid>_<session>``, verl's padding rows left out)."""
+    return {
+        key.split("_")[0] for key, tag in zip(batch.keys, batch.tags, strict=True) if not tag.get(PADDING_TAG, False)
+    }
+
+
 def _wrap_update_actor(original):
     def _update_actor(self, batch, metrics):
         # 1. forecast, before: the rollout's E of this step (None: no forecast) where the actor seam reads it
         rollout_eval = getattr(self.agent_loop_manager, "rollout_eval", None)
         if rollout_eval is not None:
             with SECONDS.timed(TRAINER_HOOKS):
-                E, eval_metrics = take_rollout_eval(rollout_eval, response_tokens(batch))
+                E, eval_metrics = take_rollout_eval(rollout_eval, response_tokens(batch), trained_uids(batch))
                 batch.extra_info[FORECAST_EVAL_META_KEY] = E
                 metrics.update(eval_metrics)
         result = original(self, batch, metrics)

@@ -1,8 +1,8 @@
 # Copyright 2026 The treetune-verl Authors
 # SPDX-License-Identifier: Apache-2.0
-"""Carry-over's trainer seams around verl 0.7.1's real ``RayPPOTrainer`` methods: ``_get_gen_batch`` (the slots),
-``_validate`` (left alone), ``_save_checkpoint`` / ``_load_checkpoint`` (the carried groups and the backlog survive a
-resume).
+"""Carry-over's trainer seams around verl 0.7.1's real ``RayPPOTrainer`` methods: ``fit`` (the bounded dataloader),
+``_get_gen_batch`` (the slots; refused over an unbounded dataloader), ``_validate`` (left alone), ``_save_checkpoint``
+/ ``_load_checkpoint`` (the carried groups and the backlog survive a resume).
 
 verl's own methods run (its ``_get_gen_batch`` split, its checkpoint folders, ``latest_checkpointed_iteration.txt``
 and ``find_latest_ckpt_path``); the actor worker group and the dataloader they save are stand-ins that record the
@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from verl.protocol import DataProto
 from verl.trainer.ppo import ray_trainer
 
-from treetune_verl.agent_loop.carry_over import CarriedRow, CarryOver
+from treetune_verl.agent_loop.carry_over import BoundedLoader, CarriedRow, CarryOver
 from treetune_verl.patching import original_of
 from treetune_verl.trainer.features import RunFeatures
 from treetune_verl.verl.v0_7_1 import trainer_seams as seams
@@ -42,7 +42,7 @@ def _batch(names: str) -> DataProto:
 
 def _carrying(names: str = "ABCD", aborted: str = "D", step: int = 1) -> CarryOver:
     """A buffer after one step of ``names`` where the groups in ``aborted`` were cut (2 rows each, 3 tokens)."""
-    carry = CarryOver(max_staleness=2)
+    carry = CarryOver(max_staleness=2, slots=len(names), most_carried=1)
     batch = _batch(names)
     carry.fill_slots(batch, step)
     uids = np.repeat(batch.non_tensor_batch["uid"], 2)
@@ -75,7 +75,8 @@ def _trainer(carry: CarryOver | None, workdir=None, resume_mode: str = "auto", r
         ("save", path)
     )
     trainer.actor_rollout_wg.load_checkpoint = lambda path, **k: trainer.actor_rollout_wg.calls.append(("load", path))
-    trainer.train_dataloader = SimpleNamespace(state_dict=lambda: {"seen": 12}, load_state_dict=lambda state: None)
+    loader = SimpleNamespace(state_dict=lambda: {"seen": 12}, load_state_dict=lambda state: None)
+    trainer.train_dataloader = BoundedLoader(loader, carry) if carry is not None else loader  # as the fit seam does
     return trainer
 
 
@@ -87,6 +88,7 @@ def _no_buffer_left_behind():
 
 
 GET_GEN_BATCH = seams._wrap_get_gen_batch(original_of(ray_trainer.RayPPOTrainer._get_gen_batch))
+FIT = seams._wrap_fit(lambda self: self.train_dataloader)  # verl's fit would train: what it would iterate
 SAVE = seams._wrap_save_checkpoint(original_of(ray_trainer.RayPPOTrainer._save_checkpoint))
 LOAD = seams._wrap_load_checkpoint(original_of(ray_trainer.RayPPOTrainer._load_checkpoint))
 
@@ -113,6 +115,19 @@ def test_get_gen_batch_gives_carried_groups_their_slots_in_training_only():
     assert list(GET_GEN_BATCH(_trainer(None), _batch("XY")).non_tensor_batch["uid"]) == ["X", "Y"]
 
 
+def test_fit_bounds_the_dataloader_once_and_the_slots_refuse_an_unbounded_one():
+    carry = _carrying()
+    trainer = _trainer(None)  # verl's dataloader, as verl built it
+    seams.install(RunFeatures(), carry)
+    loader = trainer.train_dataloader
+    bounded = FIT(trainer)
+    assert isinstance(bounded, BoundedLoader) and bounded.loader is loader and FIT(trainer) is bounded
+    assert bounded.state_dict() == {"seen": 12}  # verl saves the dataloader's own position
+    trainer.train_dataloader = loader  # a trainer whose fit is not RayPPOTrainer.fit
+    with pytest.raises(RuntimeError, match="not carry_over.BoundedLoader"):
+        GET_GEN_BATCH(trainer, _batch("EFGH"))
+
+
 def test_a_resumed_run_gets_back_the_carried_groups_and_the_backlog(tmp_path, caplog):
     carry = _carrying()
     trainer = _trainer(carry, tmp_path)
@@ -132,7 +147,7 @@ def test_a_resumed_run_gets_back_the_carried_groups_and_the_backlog(tmp_path, ca
     assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "2"
     assert trainer.actor_rollout_wg.calls == [("save", str(tmp_path / "global_step_2" / "actor"))]
 
-    restored = CarryOver(max_staleness=2)
+    restored = CarryOver(max_staleness=2, slots=4, most_carried=1)
     resumed = _trainer(restored, tmp_path)
     LOAD(resumed)  # verl finds the latest checkpoint and sets global_steps; we restore the buffer from it
     assert resumed.global_steps == 2
@@ -143,13 +158,13 @@ def test_a_resumed_run_gets_back_the_carried_groups_and_the_backlog(tmp_path, ca
     GET_GEN_BATCH(resumed, batch)
     assert list(batch.non_tensor_batch["uid"]) == list("EHIJ")  # E resumes, then the backlog's H, then the new ones
 
-    by_path_carry = CarryOver(max_staleness=2)
+    by_path_carry = CarryOver(max_staleness=2, slots=4, most_carried=1)
     by_path = _trainer(by_path_carry, tmp_path / "elsewhere", "resume_path", str(tmp_path / "global_step_2"))
     LOAD(by_path)
     assert by_path_carry.carried_groups == 1
 
     (tmp_path / "global_step_2" / seams.CARRY_OVER_STATE_FILE).unlink()  # a checkpoint saved without carry-over
-    fresh_carry = CarryOver(max_staleness=2)
+    fresh_carry = CarryOver(max_staleness=2, slots=4, most_carried=1)
     fresh = _trainer(fresh_carry, tmp_path)
     with caplog.at_level(logging.WARNING, logger=seams.__name__):
         LOAD(fresh)

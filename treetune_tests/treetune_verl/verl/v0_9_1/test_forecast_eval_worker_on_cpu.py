@@ -9,8 +9,10 @@ verl's own ``_run_prompt`` and ``_run_agent_loop`` run a registered test loop (:
 ``SessionLLMServerClient``; what would need servers or a running TransferQueue is a recorder: the server call below
 the client (``LLMServerClient.generate``), verl's row put (``AgentLoopWorkerTQ._agent_loop_postprocess``), the
 uid's status put and E's put. That pins what the real run shows only as a missing forecast or a stuck step: E started
-once, at session 0's first turn, with that turn's prompt; E put before session 0's row; E failing costs the forecast
-that prompt, not the row; a session that raises leaves no request of E running; nothing kept per uid afterwards.
+once, at session 0's first turn, with that turn's prompt, its requests named after the group's session (so the
+group's abort cuts them: the server side is ``rollout/test_server_abort_on_cpu.py``); E put before session 0's row; E
+cut by its group's abort or failing costs the forecast that prompt, not the row; a session that raises leaves no
+request of E running; nothing kept per uid afterwards.
 """
 
 from __future__ import annotations
@@ -67,12 +69,13 @@ def worker(monkeypatch):
     from treetune_verl.verl.v0_9_1.over_sample_worker import SessionLLMServerClient
 
     events: list[tuple] = []
-    control = SimpleNamespace(fail_eval=False, hold_eval=asyncio.Event(), cancelled=0)
+    control = SimpleNamespace(fail_eval=False, hold_eval=asyncio.Event(), cancelled=0, eval_stop="stop", eval_rids=[])
     control.hold_eval.set()
 
     async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
         if request_id.startswith("forecast-eval-"):
             events.append(("eval request", tuple(prompt_ids), sampling_params["max_new_tokens"]))
+            control.eval_rids.append(self._vllm_request_id(request_id))  # what verl's client sends to the server
             try:
                 await control.hold_eval.wait()
             except asyncio.CancelledError:
@@ -80,7 +83,7 @@ def worker(monkeypatch):
                 raise
             if control.fail_eval:
                 raise RuntimeError("the server failed")
-            return SimpleNamespace(token_ids=[8, 9])
+            return SimpleNamespace(token_ids=[8, 9], stop_reason=control.eval_stop)
         events.append(("turn", tuple(prompt_ids)))
         return SimpleNamespace(token_ids=[1, 2, 3])
 
@@ -134,6 +137,27 @@ async def test_e_starts_at_session_0s_first_turn_once_and_is_put_before_its_row(
     assert put < events.index(("row", "u", 0))  # the uid is finished only with its E there
     assert events[-1] == ("status", "u", "finished")
     assert instance._eval_plans == {} and instance._eval_tasks == {}
+
+
+async def test_es_requests_are_named_after_the_groups_session(worker):
+    from treetune_verl.rollout.session import group_session_id, is_eval_request, session_of
+
+    instance, _, control = worker
+    await _run(instance, "u", plan=_plan())
+    assert len(control.eval_rids) == N and len(set(control.eval_rids)) == N
+    assert all(session_of(rid) == group_session_id("u") and is_eval_request(rid) for rid in control.eval_rids)
+
+
+async def test_e_cut_by_its_groups_abort_is_left_out_quietly_and_the_row_goes_on(worker, caplog):
+    instance, events, control = worker
+    control.eval_stop = "abort"  # what the server answers once the group's session is aborted
+    with caplog.at_level(logging.INFO, logger="treetune_verl.verl.v0_9_1.forecast_eval_worker"):
+        await _run(instance, "u", plan=_plan())
+    assert not any(e[0] == "E put" for e in events)
+    assert sorted(e for e in events if e[0] == "row") == [("row", "u", 0), ("row", "u", 1)]
+    assert events[-1] == ("status", "u", "finished")
+    assert "E of uid u was cut with its dropped group" in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 async def test_a_prompt_without_a_plan_samples_no_e(worker):

@@ -200,7 +200,9 @@ def test_carry_over_drops_only_the_stale_and_failed_groups_and_leaves_the_others
         "rollout/carry_over/tokens_discarded": 7 + 5 + 6,  # failed b, stale c and d
         "rollout/carry_over/tokens_discarded_stale": 5 + 6,
         "rollout/carry_over/rows_restarted_stale": 0.0,
-        "rollout/carry_over/backlog": 0.0,
+        "rollout/carry_over/backlog": 0.0,  # verl 0.9.1 dispatches B - carried fresh prompts: none waits
+        "rollout/carry_over/prompt_wait_max": 0.0,
+        "rollout/carry_over/prompt_wait_bound": 0.0,
         "rollout/carry_over/tokens_generated": sum(so_far.values()) + 3,
         "rollout/carry_over/tokens_carried": 4 + 3,
         "rollout/carry_over/discarded_share": 18 / 35,

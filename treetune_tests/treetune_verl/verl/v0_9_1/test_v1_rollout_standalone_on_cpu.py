@@ -198,7 +198,7 @@ def test_v1_rollout_real_engine_matches_hf(tiny_model_dir, tmp_path, monkeypatch
     from transformers import AutoModelForCausalLM
 
     from treetune_verl.verl.v0_9_1.rollout_eval import EVAL_PARTITION, take_rollout_eval
-    from treetune_verl.verl.v0_9_1.trainer_seams import read_rollout_entropy, response_tokens
+    from treetune_verl.verl.v0_9_1.trainer_seams import read_rollout_entropy, response_tokens, trained_uids
 
     model_path = model_with_short_turns(tiny_model_dir, tmp_path / "tiny-short-turns")
     config = _config(model_path, tmp_path / "cfg", overrides=["actor_rollout_ref.rollout.n=1"])
@@ -217,7 +217,7 @@ def test_v1_rollout_real_engine_matches_hf(tiny_model_dir, tmp_path, monkeypatch
         prompts_ids = [p.tolist() for p in data["prompts"].unbind(0)]
         responses = [r.tolist() for r in data["responses"].unbind(0)]
         log_probs = list(data["rollout_log_probs"].unbind(0))
-        E, eval_metrics = take_rollout_eval(manager.rollout_eval, response_tokens(batch))
+        E, eval_metrics = take_rollout_eval(manager.rollout_eval, response_tokens(batch), trained_uids(batch))
         assert tq.kv_list(partition_id=EVAL_PARTITION).get(EVAL_PARTITION, {}) == {}, "E left in TransferQueue"
     assert not session.left, f"processes of the run left after ray.shutdown(): {session.left}"
 
