@@ -87,12 +87,8 @@ def decode_step_line(requests: list[tuple[int, float]]) -> tuple[float, float]:
             f"the served requests span {span} tokens (< {MIN_LENGTH_SPAN}): too narrow to read a decode step from "
             f"(was the run logged at TREETUNE_LOG_LEVEL=DEBUG?)"
         )
-    seconds = [s for _, s in requests]
-    mean_tokens, mean_seconds = statistics.fmean(tokens), statistics.fmean(seconds)
-    slope = sum((x - mean_tokens) * (y - mean_seconds) for x, y in zip(tokens, seconds, strict=True)) / sum(
-        (x - mean_tokens) ** 2 for x in tokens
-    )
-    return slope, mean_seconds - slope * mean_tokens
+    line = statistics.linear_regression(tokens, [s for _, s in requests])
+    return line.slope, line.intercept
 
 
 def step_figures(metrics: dict, decode_step_s: float) -> dict[str, float]:
